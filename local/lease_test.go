@@ -1,0 +1,94 @@
+package local
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// TestLeaseNeverSpendsMoreThanGranted races takers against adders, a drainer
+// and a closer: taken + drained + closed must equal what was added.
+func TestLeaseNeverSpendsMoreThanGranted(t *testing.T) {
+	t.Parallel()
+	var c Lease
+	var added, taken, returned atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if ok, _ := c.Take(1 + int64(g%3)); ok {
+					taken.Add(1 + int64(g%3))
+				}
+			}
+		}()
+	}
+	for i := 0; i < 20000; i++ {
+		if c.Add(5, int64(i)) {
+			added.Add(5)
+		}
+		if i%97 == 0 {
+			returned.Add(c.DrainExpired(int64(i)))
+		}
+		if i%31 == 0 {
+			returned.Add(c.Cut(3))
+		}
+	}
+	returned.Add(c.Close())
+	if c.Add(5, 0) {
+		t.Fatal("Add after Close = true, want false")
+	}
+	close(stop)
+	wg.Wait()
+	if ok, _ := c.Take(1); ok {
+		t.Fatal("Take after Close succeeded")
+	}
+	if got, want := taken.Load()+returned.Load(), added.Load(); got != want {
+		t.Fatalf("taken %d + returned %d = %d, want added %d", taken.Load(), returned.Load(), got, want)
+	}
+}
+
+func TestLeaseTakeTable(t *testing.T) {
+	t.Parallel()
+	var c Lease
+	steps := []struct {
+		op       string
+		n        int64
+		wantOK   bool
+		wantLeft int64
+	}{
+		{"take", 1, false, 0},
+		{"add", 3, true, 3},
+		{"take", 2, true, 1},
+		{"take", 2, false, 1},
+		{"drain", 0, true, 0},
+		{"add", 4, true, 4},
+		{"close", 0, true, 0},
+		{"take", 1, false, 0},
+	}
+	for i, s := range steps {
+		var ok bool
+		switch s.op {
+		case "take":
+			ok, _ = c.Take(s.n)
+		case "add":
+			ok = c.Add(s.n, 100)
+		case "drain":
+			c.Drain()
+			ok = true
+		case "close":
+			c.Close()
+			ok = true
+		}
+		if ok != s.wantOK || c.Tokens() != s.wantLeft {
+			t.Errorf("step %d %s(%d) = ok %v left %d, want ok %v left %d", i, s.op, s.n, ok, c.Tokens(), s.wantOK, s.wantLeft)
+		}
+	}
+}
