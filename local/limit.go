@@ -93,7 +93,9 @@ func (l Limit) Micros() (Micros, error) {
 	per := int64(l.Period / time.Microsecond)
 	g := gcd(l.Rate, per)
 	m := Micros{Rate: l.Rate / g, Per: per / g, Burst: l.Burst}
-	if hi, lo := bits.Mul64(uint64(m.Rate), uint64(m.Per)); hi != 0 || lo >= uint64(maxExact) {
+	// (Rate+1)·Per bounds every intermediate the stores compute (refill
+	// progress plus carry), so it must stay below 2^53.
+	if hi, lo := bits.Mul64(uint64(m.Rate)+1, uint64(m.Per)); hi != 0 || lo >= uint64(maxExact) {
 		return Micros{}, fmt.Errorf("%w: %v has no exact microsecond form below 2^53", ErrInvalidLimit, l)
 	}
 	// Time to fill from empty, in microseconds: Burst·Per/Rate.

@@ -1,0 +1,318 @@
+// Package redistest starts real redis-server processes for tests: a shared
+// standalone server, a shared 3-master/3-replica cluster, and private
+// servers a test may pause, kill and restart. Servers listen on free
+// loopback ports, keep their files in a temp dir, and are stopped when the
+// test binary ends (Main), or by the kernel if it dies first.
+//
+// Without redis-server on PATH the helpers skip the test with a message,
+// unless LEASEHOLD_REQUIRE_REDIS=1, where they fail it.
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RequireEnv is the environment variable that turns a missing redis-server
+// into a test failure.
+const RequireEnv = "LEASEHOLD_REQUIRE_REDIS"
+
+var (
+	mu         sync.Mutex
+	started    []*Server
+	sharedOnce sync.Once
+	shared     *Server
+	sharedErr  error
+	clusOnce   sync.Once
+	clus       *Cluster
+	clusErr    error
+)
+
+// Main runs the tests of a package and then stops every server it started.
+// Call it from TestMain: func TestMain(m *testing.M) { redistest.Main(m) }.
+func Main(m *testing.M) {
+	code := m.Run()
+	StopAll()
+	os.Exit(code)
+}
+
+// StopAll stops every server started by this binary.
+func StopAll() {
+	mu.Lock()
+	all := started
+	started = nil
+	mu.Unlock()
+	for _, s := range all {
+		s.stop()
+		_ = os.RemoveAll(s.dir)
+	}
+}
+
+// Available reports whether redis-server and redis-cli are on PATH.
+func Available() bool {
+	_, e1 := exec.LookPath("redis-server")
+	_, e2 := exec.LookPath("redis-cli")
+	return e1 == nil && e2 == nil
+}
+
+func need(t testing.TB) {
+	t.Helper()
+	if Available() {
+		return
+	}
+	msg := "redis-server/redis-cli not on PATH: real-Redis tests need them (`make test` installs them; Debian: apt-get install -y redis-server)"
+	if os.Getenv(RequireEnv) == "1" {
+		t.Fatalf("%s; %s=1 makes this a failure", msg, RequireEnv)
+	}
+	t.Skip(msg)
+}
+
+// Server is one redis-server process.
+type Server struct {
+	Addr  string
+	dir   string
+	args  []string
+	mu    sync.Mutex
+	cmd   *exec.Cmd
+	pause bool
+}
+
+// Standalone returns the binary's shared standalone server, starting it on
+// first use. Tests share it, so each should use its own keys (for instance
+// a policy named after t.Name()).
+func Standalone(t testing.TB) *Server {
+	t.Helper()
+	need(t)
+	sharedOnce.Do(func() { shared, sharedErr = start(nil) })
+	if sharedErr != nil {
+		t.Fatalf("redistest: standalone: %v", sharedErr)
+	}
+	return shared
+}
+
+// NewServer starts a private server the test may pause, kill or restart;
+// it is stopped when the test ends.
+func NewServer(t testing.TB) *Server {
+	t.Helper()
+	need(t)
+	s, err := start(nil)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(func() { s.stop(); _ = os.RemoveAll(s.dir) })
+	return s
+}
+
+// Client returns a new client of s, closed when the test ends.
+func (s *Server) Client(t testing.TB, opts ...func(*redis.Options)) *redis.Client {
+	t.Helper()
+	o := &redis.Options{Addr: s.Addr}
+	for _, f := range opts {
+		f(o)
+	}
+	c := redis.NewClient(o)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Pause stops the process with SIGSTOP: connections hang.
+func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP, true) }
+
+// Resume continues a paused process with SIGCONT.
+func (s *Server) Resume() error { return s.signal(syscall.SIGCONT, false) }
+
+// Kill kills the process: connections are refused until Restart.
+func (s *Server) Kill() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return nil
+	}
+	if s.pause {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+		s.pause = false
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+	return nil
+}
+
+// Restart starts the process again on the same port, with an empty data
+// set (persistence is off).
+func (s *Server) Restart() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return errors.New("redistest: restart of a running server")
+	}
+	return s.launchLocked()
+}
+
+func (s *Server) signal(sig syscall.Signal, pause bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return errors.New("redistest: server not running")
+	}
+	s.pause = pause
+	return s.cmd.Process.Signal(sig)
+}
+
+func (s *Server) stop() {
+	_ = s.Kill()
+}
+
+func start(extra []string) (*Server, error) {
+	dir, err := os.MkdirTemp("", "leasehold-redis-")
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir}
+	s.args = append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+		"--save", "", "--appendonly", "no", "--protected-mode", "no",
+		"--daemonize", "no", "--logfile", filepath.Join(dir, "redis.log"),
+	}, extra...)
+	s.mu.Lock()
+	err = s.launchLocked()
+	s.mu.Unlock()
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	mu.Lock()
+	started = append(started, s)
+	mu.Unlock()
+	return s, nil
+}
+
+func (s *Server) launchLocked() error {
+	cmd := exec.Command("redis-server", s.args...)
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	s.cmd = cmd
+	s.pause = false
+	if err := waitPing(s.Addr, 10*time.Second); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		s.cmd = nil
+		log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+		return fmt.Errorf("redis-server on %s: %w\n%s", s.Addr, err, log)
+	}
+	return nil
+}
+
+func waitPing(addr string, timeout time.Duration) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond) // polling a process we just started
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Cluster is a Redis Cluster of 3 masters and 3 replicas on loopback.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// SharedCluster returns the binary's shared cluster, creating it on first
+// use with redis-cli --cluster create and waiting for cluster_state:ok.
+func SharedCluster(t testing.TB) *Cluster {
+	t.Helper()
+	need(t)
+	clusOnce.Do(func() { clus, clusErr = startCluster() })
+	if clusErr != nil {
+		t.Fatalf("redistest: cluster: %v", clusErr)
+	}
+	return clus
+}
+
+// Addrs returns every node's address.
+func (c *Cluster) Addrs() []string {
+	out := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		out[i] = n.Addr
+	}
+	return out
+}
+
+// Client returns a new cluster client, closed when the test ends.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+func startCluster() (*Cluster, error) {
+	c := &Cluster{}
+	for i := 0; i < 6; i++ {
+		s, err := start([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"})
+		if err != nil {
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, s)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	out, err := exec.Command("redis-cli", args...).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("redis-cli --cluster create: %w\n%s", err, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, n := range c.Nodes {
+		cl := redis.NewClient(&redis.Options{Addr: n.Addr})
+		for {
+			info, err := cl.ClusterInfo(context.Background()).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_slots_ok:16384") {
+				break
+			}
+			if time.Now().After(deadline) {
+				cl.Close()
+				return nil, fmt.Errorf("node %s not ok: %v %s", n.Addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond) // polling cluster convergence
+		}
+		cl.Close()
+	}
+	return c, nil
+}

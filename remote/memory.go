@@ -1,0 +1,109 @@
+package remote
+
+import (
+	"context"
+	"sync"
+
+	"github.com/leasehold/leasehold/clock"
+)
+
+// MemoryStore is a Store held in process memory, with the same integer
+// arithmetic as the Redis script over a clock.Clock (microseconds of
+// c.Now()). It serves the simulator, tests and single-process deployments.
+// Buckets expire like Redis keys, after time-to-full plus a margin.
+//
+// A MemoryStore is safe for concurrent use. The zero value is not usable;
+// call NewMemory.
+type MemoryStore struct {
+	clk clock.Clock
+	mu  struct {
+		sync.Mutex
+		buckets map[string]memBucket
+		writes  int // since the last expiry sweep
+	}
+}
+
+type memBucket struct {
+	st       state
+	deadline int64 // µs; the bucket is gone at or after it
+}
+
+var _ Store = (*MemoryStore)(nil)
+
+// NewMemory returns an empty MemoryStore reading time from c.
+func NewMemory(c clock.Clock) *MemoryStore {
+	if c == nil {
+		c = clock.Real()
+	}
+	s := &MemoryStore{clk: c}
+	s.mu.buckets = make(map[string]memBucket)
+	return s
+}
+
+// Lease implements Store.
+func (s *MemoryStore) Lease(ctx context.Context, r Request) (Result, error) {
+	return s.do(ctx, OpLease, r)
+}
+
+// Return implements Store.
+func (s *MemoryStore) Return(ctx context.Context, r Request) (Result, error) {
+	return s.do(ctx, OpReturn, r)
+}
+
+// Debit implements Store.
+func (s *MemoryStore) Debit(ctx context.Context, r Request) (Result, error) {
+	return s.do(ctx, OpDebit, r)
+}
+
+// Batch implements Store.
+func (s *MemoryStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
+	out := make([]Reply, len(rs))
+	for i, r := range rs {
+		out[i].Result, out[i].Err = s.do(ctx, op, r)
+	}
+	return out
+}
+
+// Len returns how many buckets are live, for tests.
+func (s *MemoryStore) Len() int {
+	now := s.clk.Now().UnixMicro()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expireLocked(now)
+	return len(s.mu.buckets)
+}
+
+func (s *MemoryStore) do(ctx context.Context, op Op, r Request) (Result, error) {
+	m, err := validate(op, &r)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	key := BucketKey(r.Prefix, r.Policy, r.Key)
+	now := s.clk.Now().UnixMicro()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.mu.buckets[key]
+	if ok && now >= b.deadline {
+		ok = false
+	}
+	st, res := apply(b.st, ok, op, &r, m, now)
+	s.mu.buckets[key] = memBucket{st: st, deadline: now + int64(ttl(res.ResetAfter)/1000)}
+	if s.mu.writes++; s.mu.writes >= 4096 && s.mu.writes >= len(s.mu.buckets) {
+		s.expireLocked(now)
+	}
+	return res, nil
+}
+
+// expireLocked drops expired buckets; amortized over as many writes as
+// there are buckets, so memory tracks the live set.
+func (s *MemoryStore) expireLocked(now int64) {
+	s.mu.writes = 0
+	for k, b := range s.mu.buckets {
+		if now >= b.deadline {
+			delete(s.mu.buckets, k)
+		}
+	}
+}

@@ -1,0 +1,178 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisStore is a Store on Redis, Redis Cluster or Sentinel through a
+// go-redis UniversalClient. Each operation is one EVALSHA of bucketLua
+// (falling back to EVAL after SCRIPT FLUSH or on a fresh node), atomic per
+// bucket, with Redis TIME as the clock. Batch sends one pipeline per node.
+//
+// A RedisStore is safe for concurrent use. The zero value is not usable;
+// call NewRedis. It does not own the client: closing the client is the
+// caller's job.
+type RedisStore struct {
+	c redis.UniversalClient
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// RedisOption configures a RedisStore.
+type RedisOption interface{ apply(*RedisStore) }
+
+// NewRedis returns a Store over c.
+func NewRedis(c redis.UniversalClient, opts ...RedisOption) *RedisStore {
+	s := &RedisStore{c: c}
+	for _, o := range opts {
+		o.apply(s)
+	}
+	return s
+}
+
+// Client returns the client the store runs on.
+func (s *RedisStore) Client() redis.UniversalClient { return s.c }
+
+// Lease implements Store.
+func (s *RedisStore) Lease(ctx context.Context, r Request) (Result, error) {
+	return s.do(ctx, OpLease, r)
+}
+
+// Return implements Store.
+func (s *RedisStore) Return(ctx context.Context, r Request) (Result, error) {
+	return s.do(ctx, OpReturn, r)
+}
+
+// Debit implements Store.
+func (s *RedisStore) Debit(ctx context.Context, r Request) (Result, error) {
+	return s.do(ctx, OpDebit, r)
+}
+
+func (s *RedisStore) do(ctx context.Context, op Op, r Request) (Result, error) {
+	key, args, err := scriptArgs(op, &r)
+	if err != nil {
+		return Result{}, err
+	}
+	v, err := bucketScript.Run(ctx, s.c, []string{key}, args...).Result()
+	if err != nil {
+		return Result{}, classify(key, err)
+	}
+	return parseReply(key, v)
+}
+
+// Batch implements Store. Commands go out in one pipeline, which a Cluster
+// client splits into one pipeline per node; any that find the script
+// missing are sent again in a second pipeline as EVAL.
+func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
+	out := make([]Reply, len(rs))
+	keys := make([]string, len(rs))
+	args := make([][]any, len(rs))
+	cmds := make([]*redis.Cmd, len(rs))
+	pipe := s.c.Pipeline()
+	for i := range rs {
+		var err error
+		if keys[i], args[i], err = scriptArgs(op, &rs[i]); err != nil {
+			out[i].Err = err
+			continue
+		}
+		cmds[i] = bucketScript.EvalSha(ctx, pipe, []string{keys[i]}, args[i]...)
+	}
+	if pipe.Len() > 0 {
+		_, _ = pipe.Exec(ctx) // errors are read per command below
+	}
+	var retry redis.Pipeliner
+	for i, cmd := range cmds {
+		if cmd == nil {
+			continue
+		}
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			if retry == nil {
+				retry = s.c.Pipeline()
+			}
+			cmds[i] = bucketScript.Eval(ctx, retry, []string{keys[i]}, args[i]...)
+		}
+	}
+	if retry != nil {
+		_, _ = retry.Exec(ctx)
+	}
+	for i, cmd := range cmds {
+		if cmd == nil {
+			continue
+		}
+		v, err := cmd.Result()
+		if err != nil {
+			out[i].Err = classify(keys[i], err)
+			continue
+		}
+		out[i].Result, out[i].Err = parseReply(keys[i], v)
+	}
+	return out
+}
+
+func scriptArgs(op Op, r *Request) (string, []any, error) {
+	m, err := validate(op, r)
+	if err != nil {
+		return "", nil, err
+	}
+	key := BucketKey(r.Prefix, r.Policy, r.Key)
+	return key, []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version, int64(r.MaxDelay / time.Microsecond)}, nil
+}
+
+// classify wraps a Redis failure: foreign data in the key is
+// ErrCorruptState, anything else (network, timeout, cluster down) is
+// ErrUnavailable. Context errors stay reachable through errors.Is.
+func classify(key string, err error) error {
+	if redis.HasErrorPrefix(err, "LEASEHOLD_CORRUPT") {
+		return fmt.Errorf("remote: bucket %q: %w: %w", key, ErrCorruptState, err)
+	}
+	return fmt.Errorf("remote: bucket %q: %w: %w", key, ErrUnavailable, err)
+}
+
+// parseReply reads the script's reply with checked conversions; every
+// script reply goes through it.
+func parseReply(key string, v any) (Result, error) {
+	vals, ok := v.([]any)
+	if !ok || len(vals) != 8 {
+		return Result{}, fmt.Errorf("remote: bucket %q: %w: reply %T of unexpected shape", key, ErrCorruptState, v)
+	}
+	var n [8]int64
+	for i, x := range vals {
+		switch x := x.(type) {
+		case int64:
+			n[i] = x
+		case string: // RESP3 proxies may hand numbers back as strings
+			p, err := strconv.ParseInt(x, 10, 64)
+			if err != nil {
+				return Result{}, fmt.Errorf("remote: bucket %q: %w: field %d: %w", key, ErrCorruptState, i, err)
+			}
+			n[i] = p
+		default:
+			return Result{}, fmt.Errorf("remote: bucket %q: %w: field %d is %T", key, ErrCorruptState, i, x)
+		}
+	}
+	if n[0] < 0 || n[1] < 0 || n[2] < 0 || n[3] < 0 || n[4] < 0 || n[6] < 0 {
+		return Result{}, fmt.Errorf("remote: bucket %q: %w: negative field in %v", key, ErrCorruptState, n)
+	}
+	return Result{
+		Granted:    n[0],
+		Delay:      time.Duration(n[1]) * time.Microsecond,
+		Remaining:  n[2],
+		RetryAfter: time.Duration(n[3]) * time.Microsecond,
+		ResetAfter: time.Duration(n[4]) * time.Microsecond,
+		Now:        time.UnixMicro(n[5]),
+		Version:    uint64(n[6]),
+		Stale:      n[7] == 1,
+	}, nil
+}
+
+// IsUnavailable reports whether err means the store could not answer, as
+// opposed to bad input or corrupt data.
+func IsUnavailable(err error) bool {
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+}

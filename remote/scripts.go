@@ -1,0 +1,148 @@
+package remote
+
+import "github.com/redis/go-redis/v9"
+
+// bucketLua is one token bucket per key, refilled lazily from Redis TIME.
+// apply in bucket.go is its Go twin; keep the two in step.
+//
+// Every number is a whole number below 2^53, so double arithmetic is exact:
+// limits arrive in lowest terms with (rate+1)·per < 2^53, products are split
+// by idiv before they could grow past that, and idiv corrects the rounding
+// of the float division.
+//
+// KEYS[1]  the bucket key, prefix{policy:key}
+// ARGV[1]  op: "lease", "return" or "debit"
+// ARGV[2]  n: tokens wanted (lease), given back (return) or charged (debit)
+// ARGV[3]  min: fewest tokens a lease grants now
+// ARGV[4]  rate  } the refill: rate tokens every per microseconds,
+// ARGV[5]  per   } in lowest terms
+// ARGV[6]  burst
+// ARGV[7]  version of the caller's policy
+// ARGV[8]  maxdelay: µs ahead a lease on an empty bucket may be future-dated
+//
+// State, a string: "level carry last version burst rate per"
+//   level    whole tokens; negative while future-dated grants or debt are out
+//   carry    refill progress toward the next token, in [0, per): a token
+//            arrives each time carry reaches per, and every µs adds rate
+//   last     µs of Redis TIME when level was computed
+//   version  policy version; burst, rate, per: the limit under it
+//
+// A newer request version rescales the bucket (tokens used are kept,
+// clamped to the new burst); an older one is refused for leases ("stale")
+// and applied under the bucket's own limit for returns and debits.
+//
+// Reply: {granted, delay_us, remaining, retry_us, reset_us, now_us,
+//         version, stale}
+// Errors: "LEASEHOLD_CORRUPT ..." when the key holds a foreign value or
+// another type (WRONGTYPE, caught with pcall so every server reports it the
+// same way).
+var bucketLua = `
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then q = q - 1; r = r + b elseif r >= b then q = q + 1; r = r - b end
+  return q, r
+end
+local function cdiv(a, b)
+  local q, r = idiv(a, b)
+  if r > 0 then q = q + 1 end
+  return q
+end
+
+local op = ARGV[1]
+local n = tonumber(ARGV[2])
+local minn = tonumber(ARGV[3])
+local rate = tonumber(ARGV[4])
+local per = tonumber(ARGV[5])
+local burst = tonumber(ARGV[6])
+local version = tonumber(ARGV[7])
+local maxdelay = tonumber(ARGV[8])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+local s = {}
+local function waitfor(from, to)
+  if to <= from then return 0 end
+  local q, r = idiv(to - from, s.rate)
+  return q * s.per + cdiv(r * s.per - s.carry, s.rate)
+end
+local function refill()
+  if now <= s.last then return end
+  local elapsed = now - s.last
+  s.last = now
+  if s.level >= s.burst then s.carry = 0; return end
+  local need = s.burst - s.level
+  local q, r = idiv(elapsed, s.per)
+  if q >= cdiv(need, s.rate) then s.level = s.burst; s.carry = 0; return end
+  local tk, c = idiv(r * s.rate + s.carry, s.per)
+  s.level = s.level + q * s.rate + tk
+  s.carry = c
+  if s.level >= s.burst then s.level = s.burst; s.carry = 0 end
+end
+
+local stale = 0
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) == 'table' and raw.err then
+  return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
+end
+if not raw then
+  s = {level = burst, carry = 0, last = now, version = version, burst = burst, rate = rate, per = per}
+else
+  local a, b, c, d, e, f, g = string.match(raw, '^(%-?%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  if not a then return redis.error_reply('LEASEHOLD_CORRUPT bucket holds a value leasehold did not write') end
+  s = {level = tonumber(a), carry = tonumber(b), last = tonumber(c), version = tonumber(d),
+       burst = tonumber(e), rate = tonumber(f), per = tonumber(g)}
+  if s.rate < 1 or s.per < 1 or s.burst < 1 or s.carry >= s.per then
+    return redis.error_reply('LEASEHOLD_CORRUPT bucket state out of range')
+  end
+  if s.version > version then
+    stale = 1
+    refill()
+  elseif s.version < version or s.burst ~= burst or s.rate ~= rate or s.per ~= per then
+    refill()
+    if s.level >= 0 then
+      local used = s.burst - s.level
+      if used > burst then used = burst end
+      s.level = burst - used
+    end
+    s.carry = 0; s.version = version; s.burst = burst; s.rate = rate; s.per = per
+  else
+    refill()
+  end
+end
+
+local granted, delay, retry = 0, 0, 0
+if op == 'lease' then
+  if stale == 1 then
+  elseif s.level >= n then granted = n
+  elseif s.level >= minn then granted = s.level
+  else
+    local d = waitfor(s.level - n, 0)
+    if maxdelay > 0 and d <= maxdelay then granted = n; delay = d
+    elseif maxdelay > 0 then retry = d - maxdelay
+    else retry = waitfor(s.level, minn) end
+  end
+  s.level = s.level - granted
+elseif op == 'return' then
+  s.level = s.level + n
+  if s.level >= s.burst then s.level = s.burst; s.carry = 0 end
+elseif op == 'debit' then
+  s.level = s.level - n
+  if s.level < -2251799813685248 then s.level = -2251799813685248 end
+else
+  return redis.error_reply('LEASEHOLD_BADOP ' .. tostring(op))
+end
+
+local reset = waitfor(s.level, s.burst)
+local ttl = math.floor(reset / 1000 + 0.5) + 1000
+redis.call('SET', KEYS[1], string.format('%.0f %.0f %.0f %.0f %.0f %.0f %.0f',
+  s.level, s.carry, s.last, s.version, s.burst, s.rate, s.per), 'PX', ttl)
+local remaining = s.level
+if remaining < 0 then remaining = 0 end
+return {granted, delay, remaining, retry, reset, now, s.version, stale}
+`
+
+var bucketScript = redis.NewScript(bucketLua)

@@ -1,0 +1,205 @@
+// Package remote owns the shared budget: the Store interface that leases,
+// returns and charges tokens of one global token bucket per key, and two
+// implementations with identical semantics. RedisStore runs every operation
+// as one atomic Lua script with Redis TIME as the only clock; MemoryStore
+// runs the same integer arithmetic in Go over a clock.Clock, for the
+// simulator, tests and single-process use.
+//
+// The store knows nothing of how leased tokens are spent; that is the hybrid
+// layer's job.
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/leasehold/leasehold/local"
+)
+
+// Sentinel errors, matched with errors.Is.
+var (
+	// ErrInvalidKey reports an empty key, a key over MaxKeyLen bytes, or a
+	// prefix containing a brace.
+	ErrInvalidKey = errors.New("leasehold: invalid key")
+	// ErrInvalidPolicy reports an empty or overlong policy name, or a
+	// version too large to store exactly.
+	ErrInvalidPolicy = errors.New("leasehold: invalid policy")
+	// ErrUnavailable reports that the store could not be reached or did
+	// not answer in time.
+	ErrUnavailable = errors.New("leasehold: store unavailable")
+	// ErrCorruptState reports a bucket key that holds something leasehold
+	// did not write (another type, or a foreign value).
+	ErrCorruptState = errors.New("leasehold: bucket state corrupt")
+)
+
+const (
+	// MaxKeyLen is the longest user key accepted, in bytes.
+	MaxKeyLen = 1024
+	// MaxPolicyNameLen is the longest policy name accepted, in bytes.
+	MaxPolicyNameLen = 256
+	// MaxVersion is the largest policy version a store can keep exactly.
+	MaxVersion = uint64(1) << 53
+	// DefaultPrefix is put in front of every Redis key unless a request
+	// names another.
+	DefaultPrefix = "leasehold:"
+)
+
+// Op names a store operation, for Batch.
+type Op int
+
+const (
+	// OpLease leases tokens (Store.Lease).
+	OpLease Op = iota + 1
+	// OpReturn gives unused tokens back (Store.Return).
+	OpReturn
+	// OpDebit charges tokens admitted elsewhere (Store.Debit).
+	OpDebit
+)
+
+// String returns the operation's name.
+func (o Op) String() string {
+	switch o {
+	case OpLease:
+		return "lease"
+	case OpReturn:
+		return "return"
+	case OpDebit:
+		return "debit"
+	}
+	return fmt.Sprintf("Op(%d)", int(o))
+}
+
+// Request addresses one bucket and says what to do with it.
+type Request struct {
+	// Prefix namespaces the store's keys; "" means DefaultPrefix.
+	Prefix string
+	// Policy is the policy name; buckets of different policies never mix.
+	Policy string
+	// Key is the caller's key, 1 to MaxKeyLen bytes of anything.
+	Key string
+	// Limit is the bucket's limit under Version.
+	Limit local.Limit
+	// Version is the policy version. A bucket at a newer version refuses
+	// leases (Result.Stale); an older bucket is rescaled to Limit.
+	Version uint64
+	// N is the number of tokens: wanted (Lease), given back (Return) or
+	// charged (Debit).
+	N int64
+	// Min is the fewest tokens worth granting now (Lease only); 0 means 1.
+	Min int64
+	// MaxDelay lets a Lease on an empty bucket grant N tokens that become
+	// spendable only after Result.Delay, a GCRA reservation, provided the
+	// delay is at most MaxDelay. 0 never future-dates.
+	MaxDelay time.Duration
+}
+
+// Result is the bucket's answer.
+type Result struct {
+	// Granted is how many tokens the lease gave; 0 otherwise.
+	Granted int64
+	// Delay is how long after the call Granted tokens become spendable;
+	// 0 unless the lease was future-dated.
+	Delay time.Duration
+	// Remaining is how many tokens the bucket holds after the call.
+	Remaining int64
+	// RetryAfter is, for a lease that granted nothing, how long until it
+	// could grant.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the bucket is full.
+	ResetAfter time.Duration
+	// Now is the store's clock at the call.
+	Now time.Time
+	// Version is the bucket's policy version after the call.
+	Version uint64
+	// Stale reports that the request's version was older than the
+	// bucket's: a lease granted nothing, and the caller should adopt
+	// Version.
+	Stale bool
+}
+
+// Reply is one answer of a Batch.
+type Reply struct {
+	Result
+	Err error
+}
+
+// Store is a shared token-bucket budget. Implementations are safe for
+// concurrent use; every call is atomic per bucket and reads the store's own
+// clock.
+type Store interface {
+	// Lease takes up to N tokens, at least Min, from the bucket.
+	Lease(ctx context.Context, r Request) (Result, error)
+	// Return gives N unused tokens back, never filling past Burst.
+	Return(ctx context.Context, r Request) (Result, error)
+	// Debit charges N tokens admitted without a lease; the bucket may go
+	// into debt.
+	Debit(ctx context.Context, r Request) (Result, error)
+	// Batch runs op on many buckets in as few round trips as the store
+	// allows (one pipeline per Redis node). Replies are in request order.
+	Batch(ctx context.Context, op Op, rs []Request) []Reply
+}
+
+// validate checks a request for op; it is shared by every Store so that bad
+// input gets the same error everywhere.
+func validate(op Op, r *Request) (local.Micros, error) {
+	if err := validateKey(r.Prefix, r.Policy, r.Key); err != nil {
+		return local.Micros{}, err
+	}
+	if r.Version > MaxVersion {
+		return local.Micros{}, fmt.Errorf("%w: version %d above %d", ErrInvalidPolicy, r.Version, MaxVersion)
+	}
+	m, err := r.Limit.Micros()
+	if err != nil {
+		return local.Micros{}, fmt.Errorf("policy %q: %w", r.Policy, err)
+	}
+	if r.N <= 0 {
+		return local.Micros{}, fmt.Errorf("%s %d on %q: %w", op, r.N, r.Key, local.ErrInvalidN)
+	}
+	switch op {
+	case OpLease:
+		if r.N > m.Burst {
+			return local.Micros{}, fmt.Errorf("lease %d on %q, burst %d: %w", r.N, r.Key, m.Burst, local.ErrExceedsBurst)
+		}
+		if r.Min <= 0 {
+			r.Min = 1
+		}
+		if r.Min > r.N {
+			return local.Micros{}, fmt.Errorf("lease %q: min %d above n %d: %w", r.Key, r.Min, r.N, local.ErrInvalidN)
+		}
+		if r.MaxDelay < 0 || r.MaxDelay > local.MaxTimeToFull {
+			return local.Micros{}, fmt.Errorf("lease %q: max delay %v: %w", r.Key, r.MaxDelay, local.ErrInvalidLimit)
+		}
+	case OpReturn, OpDebit:
+		if r.N > local.MaxBurst {
+			return local.Micros{}, fmt.Errorf("%s %d on %q: %w", op, r.N, r.Key, local.ErrExceedsBurst)
+		}
+	default:
+		return local.Micros{}, fmt.Errorf("remote: unknown op %d", int(op))
+	}
+	return m, nil
+}
+
+// ValidateKey reports whether prefix, policy and key can name a bucket.
+func ValidateKey(prefix, policy, key string) error { return validateKey(prefix, policy, key) }
+
+func validateKey(prefix, policy, key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalidKey)
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("%w: key of %d bytes, limit %d", ErrInvalidKey, len(key), MaxKeyLen)
+	case policy == "":
+		return fmt.Errorf("%w: empty name", ErrInvalidPolicy)
+	case len(policy) > MaxPolicyNameLen || !utf8.ValidString(policy):
+		return fmt.Errorf("%w: name %.40q is not UTF-8 of at most %d bytes", ErrInvalidPolicy, policy, MaxPolicyNameLen)
+	}
+	for i := 0; i < len(prefix); i++ {
+		if prefix[i] == '{' || prefix[i] == '}' {
+			return fmt.Errorf("%w: prefix %q contains a brace", ErrInvalidKey, prefix)
+		}
+	}
+	return nil
+}
