@@ -1,0 +1,28 @@
+# make test: what CI runs (.ci/run) and what a newcomer runs on a fresh
+# machine. It installs redis-server when missing (Debian, as root), then runs
+# every test with the race detector and real Redis required.
+GO ?= go
+export LEASEHOLD_REQUIRE_REDIS ?= 1
+
+.PHONY: test redis bench sim fuzz
+
+test: redis
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 12m ./...
+
+redis:
+	@if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then \
+		redis-server --version; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing redis-server (Debian)"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server redis-tools; \
+	else \
+		echo "redis-server and redis-cli are required: install them (Debian: sudo apt-get install -y redis-server) and re-run"; \
+		exit 1; \
+	fi
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./local/ ./hybrid/
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzBucketTakeAt -fuzztime 30s ./local/
