@@ -316,3 +316,17 @@ func startCluster() (*Cluster, error) {
 	}
 	return c, nil
 }
+
+// MainWith is Main with a check run after the tests (and after the servers
+// stopped), such as goleak.Find; a check error fails the binary.
+func MainWith(m *testing.M, check func() error) {
+	code := m.Run()
+	StopAll()
+	if code == 0 && check != nil {
+		if err := check(); err != nil {
+			fmt.Fprintln(os.Stderr, "redistest: after tests:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}

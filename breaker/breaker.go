@@ -1,0 +1,230 @@
+// Package breaker owns failure detection for store calls: Store wraps a
+// remote.Store with a github.com/sony/gobreaker/v2 two-step circuit
+// breaker that opens on consecutive unavailability errors and on calls
+// slower than a latency threshold, and probes the store again, half-open,
+// with exponential backoff. One Store (one breaker) should front each Redis
+// deployment and be shared by every limiter that uses it.
+package breaker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/remote"
+	"github.com/sony/gobreaker/v2"
+)
+
+// ErrOpen is returned, wrapped with remote.ErrUnavailable, for calls the
+// breaker refused without trying the store.
+var ErrOpen = errors.New("breaker: open")
+
+// errSlow marks a call that succeeded but took longer than the latency
+// threshold; the breaker counts it as a failure.
+var errSlow = errors.New("breaker: slow call")
+
+// Settings configures a Store. Zero fields take the documented defaults.
+type Settings struct {
+	// Breaker is passed to gobreaker unchanged, except that Name defaults
+	// to "leasehold", Timeout (open → half-open) defaults to 200 ms,
+	// ReadyToTrip defaults to 3 consecutive failures, and OnStateChange
+	// is wrapped so that Store's subscribers hear of changes too.
+	Breaker gobreaker.Settings
+	// Latency is the slowest a successful call may be before it counts as
+	// a failure. The default is 500 ms.
+	Latency time.Duration
+	// MaxBackoff caps the wait between half-open probes, which doubles
+	// from Breaker.Timeout after each failed probe. The default is 1 s.
+	MaxBackoff time.Duration
+	// Clock measures call latency and probe backoff. The default is the
+	// system clock. (gobreaker reads the system clock itself.)
+	Clock clock.Clock
+}
+
+// Store is a remote.Store behind a circuit breaker. It is safe for
+// concurrent use. The zero value is not usable; call NewStore.
+type Store struct {
+	next    remote.Store
+	cb      *gobreaker.TwoStepCircuitBreaker[struct{}]
+	latency time.Duration
+	timeout time.Duration
+	maxBack time.Duration
+	clk     clock.Clock
+
+	nextProbe atomic.Int64 // unix ns before which a half-open breaker is treated as open
+	backoff   atomic.Int64 // current probe backoff, ns
+	gen       atomic.Uint64
+
+	subsMu sync.Mutex
+	subs   map[chan<- struct{}]struct{} // notified without blocking
+}
+
+var _ remote.Store = (*Store)(nil)
+
+// NewStore returns next behind a breaker configured by st.
+func NewStore(next remote.Store, st Settings) *Store {
+	if st.Latency <= 0 {
+		st.Latency = 500 * time.Millisecond
+	}
+	if st.MaxBackoff <= 0 {
+		st.MaxBackoff = time.Second
+	}
+	if st.Clock == nil {
+		st.Clock = clock.Real()
+	}
+	bs := st.Breaker
+	if bs.Name == "" {
+		bs.Name = "leasehold"
+	}
+	if bs.Timeout <= 0 {
+		bs.Timeout = 200 * time.Millisecond
+	}
+	if bs.ReadyToTrip == nil {
+		bs.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 3 }
+	}
+	s := &Store{next: next, latency: st.Latency, timeout: bs.Timeout, maxBack: st.MaxBackoff, clk: st.Clock, subs: map[chan<- struct{}]struct{}{}}
+	s.backoff.Store(int64(bs.Timeout))
+	userIsSuccessful := bs.IsSuccessful
+	bs.IsSuccessful = func(err error) bool {
+		if userIsSuccessful != nil {
+			return userIsSuccessful(err)
+		}
+		// Only unavailability trips the breaker: bad input or a corrupt
+		// bucket says nothing about the store's health.
+		return err == nil || (!remote.IsUnavailable(err) && !errors.Is(err, errSlow))
+	}
+	if bs.IsExcluded == nil {
+		bs.IsExcluded = func(err error) bool { return errors.Is(err, context.Canceled) }
+	}
+	userChange := bs.OnStateChange
+	bs.OnStateChange = func(name string, from, to gobreaker.State) {
+		// gobreaker holds its mutex here: only record and notify, never
+		// call back into the breaker.
+		s.onChange(from, to)
+		if userChange != nil {
+			userChange(name, from, to)
+		}
+	}
+	s.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](bs)
+	return s
+}
+
+// Unwrap returns the store behind the breaker.
+func (s *Store) Unwrap() remote.Store { return s.next }
+
+// State returns the breaker's state. A half-open breaker waiting out its
+// probe backoff reports StateOpen.
+func (s *Store) State() gobreaker.State {
+	st := s.cb.State()
+	if st == gobreaker.StateHalfOpen && s.clk.Now().UnixNano() < s.nextProbe.Load() {
+		return gobreaker.StateOpen
+	}
+	return st
+}
+
+// Generation increases on every state change; a caller can stamp work with
+// it and drop results from an older generation.
+func (s *Store) Generation() uint64 { return s.gen.Load() }
+
+// Notify makes the breaker send on ch, without blocking, after every state
+// change; give ch a buffer of 1 and read State when it fires. gobreaker
+// reports changes while holding its lock, so no callback of ours runs
+// there. The returned func stops the notifications.
+func (s *Store) Notify(ch chan<- struct{}) (stop func()) {
+	s.subsMu.Lock()
+	defer s.subsMu.Unlock()
+	s.subs[ch] = struct{}{}
+	return func() {
+		s.subsMu.Lock()
+		defer s.subsMu.Unlock()
+		delete(s.subs, ch)
+	}
+}
+
+func (s *Store) onChange(from, to gobreaker.State) {
+	s.gen.Add(1)
+	now := s.clk.Now().UnixNano()
+	switch {
+	case from == gobreaker.StateHalfOpen && to == gobreaker.StateOpen:
+		// A failed probe: wait twice as long before the next one.
+		b := min(2*s.backoff.Load(), int64(s.maxBack))
+		s.backoff.Store(b)
+		s.nextProbe.Store(now + b)
+	case to == gobreaker.StateClosed:
+		s.backoff.Store(int64(s.timeout))
+		s.nextProbe.Store(0)
+	case to == gobreaker.StateOpen:
+		s.nextProbe.Store(now + int64(s.timeout))
+	}
+	s.subsMu.Lock()
+	defer s.subsMu.Unlock()
+	for ch := range s.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// call runs fn through the breaker.
+func (s *Store) call(fn func() error) error {
+	if s.cb.State() == gobreaker.StateHalfOpen && s.clk.Now().UnixNano() < s.nextProbe.Load() {
+		return fmt.Errorf("%w: %w (probe backoff)", remote.ErrUnavailable, ErrOpen)
+	}
+	done, err := s.cb.Allow()
+	if err != nil {
+		return fmt.Errorf("%w: %w: %w", remote.ErrUnavailable, ErrOpen, err)
+	}
+	start := s.clk.Now()
+	err = fn()
+	if err == nil && s.clk.Now().Sub(start) > s.latency {
+		done(errSlow)
+		return nil // the answer is still good; only the health verdict changes
+	}
+	done(err)
+	return err
+}
+
+// Lease implements remote.Store.
+func (s *Store) Lease(ctx context.Context, r remote.Request) (res remote.Result, err error) {
+	err = s.call(func() error { res, err = s.next.Lease(ctx, r); return err })
+	return res, err
+}
+
+// Return implements remote.Store.
+func (s *Store) Return(ctx context.Context, r remote.Request) (res remote.Result, err error) {
+	err = s.call(func() error { res, err = s.next.Return(ctx, r); return err })
+	return res, err
+}
+
+// Debit implements remote.Store.
+func (s *Store) Debit(ctx context.Context, r remote.Request) (res remote.Result, err error) {
+	err = s.call(func() error { res, err = s.next.Debit(ctx, r); return err })
+	return res, err
+}
+
+// Batch implements remote.Store. The batch counts as one call: it fails
+// when any reply reports the store unavailable.
+func (s *Store) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
+	var out []remote.Reply
+	err := s.call(func() error {
+		out = s.next.Batch(ctx, op, rs)
+		for _, r := range out {
+			if remote.IsUnavailable(r.Err) {
+				return r.Err
+			}
+		}
+		return nil
+	})
+	if out == nil {
+		out = make([]remote.Reply, len(rs))
+		for i := range out {
+			out[i].Err = err
+		}
+	}
+	return out
+}

@@ -1,0 +1,58 @@
+package hybrid
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/remote"
+	"github.com/stretchr/testify/require"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+// fakeWorld is a MemoryStore and every limiter on one manual clock.
+type fakeWorld struct {
+	clk   *clock.Manual
+	store *remote.MemoryStore
+}
+
+func newFakeWorld() *fakeWorld {
+	clk := clock.NewManual(t0)
+	return &fakeWorld{clk: clk, store: remote.NewMemory(clk)}
+}
+
+func (w *fakeWorld) limiter(t *testing.T, p Policy, opts ...Option) *Limiter {
+	t.Helper()
+	l, err := New(w.store, p, append([]Option{WithClock(w.clk)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
+}
+
+// eventually polls cond until it holds or a real-time deadline passes:
+// background refills run in real goroutines even under a manual clock.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
+}
+
+// quiesce waits until no refill of l is in flight.
+func quiesce(t *testing.T, l *Limiter) {
+	t.Helper()
+	eventually(t, "refills to finish", func() bool {
+		busy := false
+		l.entries.Range(func(_, v any) bool {
+			busy = v.(*entry).refilling.Load()
+			return !busy
+		})
+		return !busy
+	})
+}

@@ -1,0 +1,155 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/remote"
+	"github.com/stretchr/testify/require"
+)
+
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	w := newFakeWorld()
+	ctx := context.Background()
+	good := Policy{Name: "api", Limit: PerSecond(10)}
+	newCases := []struct {
+		name string
+		p    Policy
+		want error
+	}{
+		{"empty name", Policy{Limit: PerSecond(1)}, ErrInvalidPolicy},
+		{"name too long", Policy{Name: strings.Repeat("n", 300), Limit: PerSecond(1)}, ErrInvalidPolicy},
+		{"sliding window", Policy{Name: "x", Limit: PerSecond(1), Algorithm: SlidingWindow}, ErrInvalidPolicy},
+		{"rate zero", Policy{Name: "x", Limit: Limit{Period: time.Second, Burst: 1}}, ErrInvalidLimit},
+		{"period zero", Policy{Name: "x", Limit: Limit{Rate: 1, Burst: 1}}, ErrInvalidLimit},
+		{"burst zero", Policy{Name: "x", Limit: Limit{Rate: 1, Period: time.Second}}, ErrInvalidLimit},
+		{"overflow", Policy{Name: "x", Limit: Limit{Rate: 1, Period: 200 * 365 * 24 * time.Hour, Burst: 1e12}}, ErrInvalidLimit},
+	}
+	for _, c := range newCases {
+		if _, err := New(w.store, c.p); !errors.Is(err, c.want) {
+			t.Errorf("New(%s) error = %v, want %v", c.name, err, c.want)
+		}
+	}
+	if _, err := New(w.store, good, WithPrefix("a{b")); !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("New(WithPrefix(a{b)) error = %v, want ErrInvalidKey", err)
+	}
+	if _, err := New(nil, good); err == nil {
+		t.Error("New(nil store) = nil error")
+	}
+	l := w.limiter(t, good)
+	allowCases := []struct {
+		name string
+		key  string
+		n    int64
+		want error
+	}{
+		{"empty key", "", 1, ErrInvalidKey},
+		{"key over 1 KiB", strings.Repeat("k", 1025), 1, ErrInvalidKey},
+		{"n zero", "k", 0, ErrInvalidN},
+		{"n negative", "k", -1, ErrInvalidN},
+		{"n over burst", "k", 11, ErrExceedsBurst},
+	}
+	for _, c := range allowCases {
+		d, err := l.AllowN(ctx, c.key, c.n)
+		if !errors.Is(err, c.want) || d.Allowed {
+			t.Errorf("AllowN(%s) = %+v, %v; want rejected with %v", c.name, d, err, c.want)
+		}
+		if c.n == 1 && l.Allow(ctx, c.key) {
+			t.Errorf("Allow(%s) = true", c.name)
+		}
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatalf("second Close = %v, want nil", err)
+	}
+	if _, err := l.AllowN(ctx, "k", 1); !errors.Is(err, ErrClosed) {
+		t.Errorf("AllowN after Close error = %v, want ErrClosed", err)
+	}
+	if l.Allow(ctx, "k") {
+		t.Error("Allow after Close = true")
+	}
+}
+
+// TestSlowKeyExact: Rate 10/min shared by two limiters on one store under
+// constant demand: the cumulative admitted count equals the exact bound at
+// every step, never above it. With Burst 1 that is exactly 10 in the first
+// minute.
+func TestSlowKeyExact(t *testing.T) {
+	t.Parallel()
+	for _, burst := range []int64{1, 10} {
+		w := newFakeWorld()
+		p := Policy{Name: "slow", Limit: Limit{Rate: 10, Period: time.Minute, Burst: burst}}
+		a, b := w.limiter(t, p), w.limiter(t, p)
+		ctx := context.Background()
+		var admitted int64
+		step := 100 * time.Millisecond
+		for at := time.Duration(0); at < time.Minute; at += step {
+			for i := 0; i < 12; i++ { // demand above Burst at every step
+				if []*Limiter{a, b}[i%2].Allow(ctx, "tenant-7") {
+					admitted++
+				}
+			}
+			bound := burst + p.Limit.TokensIn(at)
+			if admitted > bound {
+				t.Fatalf("burst %d: at %v admitted %d > bound %d", burst, at, admitted, bound)
+			}
+			// A token is admitted within 1 step of being due (reservations
+			// are spent when they become spendable).
+			if admitted < bound-1 || (at%time.Second == 0 && at > 0 && admitted < p.Limit.TokensIn(at-step)+burst) {
+				t.Fatalf("burst %d: at %v admitted %d, want about %d", burst, at, admitted, bound)
+			}
+			quiesce(t, a)
+			quiesce(t, b)
+			w.clk.Advance(step)
+		}
+		want := burst + 9 // refills at 6 s, 12 s, ... 54 s
+		if admitted != want {
+			t.Fatalf("burst %d: admitted %d in the first minute, want %d", burst, admitted, want)
+		}
+		calls := a.Stats().StoreCalls + b.Stats().StoreCalls
+		t.Logf("burst %d: %d admitted, %d store calls", burst, admitted, calls)
+	}
+}
+
+func TestCloseGivesTokensBack(t *testing.T) {
+	t.Parallel()
+	w := newFakeWorld()
+	p := Policy{Name: "close", Limit: PerSecond(1000)}
+	ctx := context.Background()
+	l := w.limiter(t, p, WithRefillHorizon(time.Second))
+	// Warm the key so its lease grows to the maximum (10% of Burst).
+	for i := 0; i < 400; i++ {
+		l.Allow(ctx, "k")
+		if i%50 == 0 {
+			quiesce(t, l)
+			w.clk.Advance(5 * time.Millisecond)
+		}
+	}
+	quiesce(t, l)
+	held := int64(0)
+	if v, ok := l.entries.Load("k"); ok {
+		held = v.(*entry).lease.Tokens()
+	}
+	if held == 0 {
+		t.Fatal("no tokens leased before Close; the test proves nothing")
+	}
+	before, err := w.store.Lease(ctx, remote.Request{Policy: "close", Key: "k", Limit: p.Limit, Version: 1, N: 1})
+	require.NoError(t, err)
+	_, err = w.store.Return(ctx, remote.Request{Policy: "close", Key: "k", Limit: p.Limit, Version: 1, N: 1})
+	require.NoError(t, err)
+	require.NoError(t, l.Close(ctx))
+	after, err := w.store.Lease(ctx, remote.Request{Policy: "close", Key: "k", Limit: p.Limit, Version: 1, N: 1})
+	require.NoError(t, err)
+	if got := after.Remaining + 1 - (before.Remaining + 1); got != held {
+		t.Fatalf("Close gave back %d tokens, lease held %d", got, held)
+	}
+	if s := l.Stats(); s.TokensReturned < held {
+		t.Fatalf("Stats.TokensReturned = %d, want ≥ %d", s.TokensReturned, held)
+	}
+}

@@ -1,0 +1,138 @@
+package hybrid
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/remote"
+)
+
+// Option configures a Limiter.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	prefix        string
+	leaseTTL      time.Duration
+	horizon       time.Duration
+	maxFraction   float64
+	storeTimeout  time.Duration
+	maxKeys       int
+	clk           clock.Clock
+	outage        OutageMode
+	fleetSize     int
+	maxDelay      time.Duration
+	maxDelaySet   bool
+	logger        *slog.Logger
+	sweepInterval time.Duration
+}
+
+func buildConfig(opts []Option) (config, error) {
+	c := config{
+		prefix:       remote.DefaultPrefix,
+		leaseTTL:     time.Second,
+		horizon:      100 * time.Millisecond,
+		maxFraction:  0.1,
+		storeTimeout: 50 * time.Millisecond,
+		maxKeys:      100_000,
+		clk:          clock.Real(),
+		outage:       OutageDegraded,
+		logger:       slog.Default(),
+	}
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	switch {
+	case c.leaseTTL <= 0:
+		return c, fmt.Errorf("hybrid: lease TTL %v must be positive", c.leaseTTL)
+	case c.horizon <= 0:
+		return c, fmt.Errorf("hybrid: refill horizon %v must be positive", c.horizon)
+	case !(c.maxFraction > 0 && c.maxFraction <= 1):
+		return c, fmt.Errorf("hybrid: max lease fraction %v must be in (0, 1]", c.maxFraction)
+	case c.storeTimeout <= 0:
+		return c, fmt.Errorf("hybrid: store timeout %v must be positive", c.storeTimeout)
+	case c.maxKeys <= 0:
+		return c, fmt.Errorf("hybrid: max keys %d must be positive", c.maxKeys)
+	case c.clk == nil:
+		return c, fmt.Errorf("hybrid: nil clock")
+	case c.outage < OutageDegraded || c.outage > OutageFailClosed:
+		return c, fmt.Errorf("hybrid: unknown outage mode %d", c.outage)
+	case c.fleetSize < 0:
+		return c, fmt.Errorf("hybrid: fleet size %d must not be negative", c.fleetSize)
+	case c.logger == nil:
+		return c, fmt.Errorf("hybrid: nil logger")
+	}
+	if err := remote.ValidateKey(c.prefix, "p", "k"); err != nil {
+		return c, err
+	}
+	if !c.maxDelaySet {
+		c.maxDelay = c.leaseTTL / 2
+	}
+	if c.maxDelay < 0 || c.maxDelay >= c.leaseTTL {
+		return c, fmt.Errorf("hybrid: max reservation %v must be in [0, lease TTL %v)", c.maxDelay, c.leaseTTL)
+	}
+	c.sweepInterval = min(c.leaseTTL/4, 250*time.Millisecond)
+	return c, nil
+}
+
+// WithPrefix namespaces every Redis key of the limiter. The default is
+// "leasehold:". A prefix must not contain braces (they would move the hash
+// tag).
+func WithPrefix(p string) Option { return optionFunc(func(c *config) { c.prefix = p }) }
+
+// WithLeaseTTL sets how long leased tokens may sit unspent before they are
+// given back. Shorter returns tokens sooner; longer saves store calls on
+// bursty keys. The default is 1 s.
+func WithLeaseTTL(d time.Duration) Option { return optionFunc(func(c *config) { c.leaseTTL = d }) }
+
+// WithRefillHorizon sets how far ahead a lease should last at the key's
+// recent demand: the batch size is demand × horizon. The default is 100 ms.
+func WithRefillHorizon(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.horizon = d })
+}
+
+// WithMaxLeaseFraction caps a lease at this fraction of Burst (at least one
+// token), so that no process hoards the bucket. The default is 0.1.
+func WithMaxLeaseFraction(f float64) Option {
+	return optionFunc(func(c *config) { c.maxFraction = f })
+}
+
+// WithStoreTimeout bounds each store call made on behalf of a decision;
+// Allow never waits on the store longer than this. The default is 50 ms.
+func WithStoreTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.storeTimeout = d })
+}
+
+// WithMaxKeys bounds how many keys the limiter tracks locally; beyond it,
+// keys are evicted and their leased tokens returned. The default is 100 000.
+func WithMaxKeys(n int) Option { return optionFunc(func(c *config) { c.maxKeys = n }) }
+
+// WithClock sets the clock for lease age, timeouts and degraded mode. The
+// default is the system clock. The store's clock still decides buckets.
+func WithClock(clk clock.Clock) Option { return optionFunc(func(c *config) { c.clk = clk }) }
+
+// WithOutageMode chooses what decides while the store is unavailable. The
+// default is OutageDegraded.
+func WithOutageMode(m OutageMode) Option { return optionFunc(func(c *config) { c.outage = m }) }
+
+// WithFleetSize fixes the number of processes sharing the limit, used for
+// degraded-mode shares. The default, 0, means 1 until fleet heartbeats say
+// otherwise.
+func WithFleetSize(n int) Option { return optionFunc(func(c *config) { c.fleetSize = n }) }
+
+// WithMaxReservation sets how far ahead the store may future-date a lease
+// on a contended key (a GCRA reservation: tokens granted now, spendable
+// later). 0 disables reservations: a contended key then retries when a
+// batch is due. The default is half the lease TTL.
+func WithMaxReservation(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.maxDelay, c.maxDelaySet = d, true })
+}
+
+// WithLogger sets the logger for mode changes. The default is
+// slog.Default().
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }

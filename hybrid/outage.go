@@ -1,0 +1,87 @@
+package hybrid
+
+import (
+	"time"
+
+	"github.com/leasehold/leasehold/reconcile"
+	"github.com/leasehold/leasehold/remote"
+)
+
+// observeClock feeds the Redis-time offset estimator with one round trip
+// (start and end in mono ns).
+func (l *Limiter) observeClock(res remote.Result, start, end int64) {
+	l.offset.Observe(l.epoch.Add(time.Duration(start)), l.epoch.Add(time.Duration(end)), res.Now)
+}
+
+// ClockOffset returns the estimated store clock minus this process's clock
+// (0 before the first store reply). Decisions never depend on it: every
+// duration the store returns is applied from the moment its reply arrived,
+// which is conservative whatever the offset.
+func (l *Limiter) ClockOffset() time.Duration {
+	d, _ := l.offset.Get()
+	return d
+}
+
+// learnVersion records that the store holds a newer policy version than
+// this limiter enforces.
+func (l *Limiter) learnVersion(v uint64) {
+	for {
+		cur := l.newest.Load()
+		if v <= cur || l.newest.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// fleetSize is N for degraded-mode shares: the configured size, else the
+// last size heartbeats reported, else 1.
+func (l *Limiter) fleetSize() int {
+	if l.cfg.fleetSize > 0 {
+		return l.cfg.fleetSize
+	}
+	return max(int(l.fleet.Load()), 1)
+}
+
+func (l *Limiter) recovering() bool    { return l.recov.Load() }
+func (l *Limiter) setRecovering(b bool) { l.recov.Store(b) }
+
+// hasOutageDebt reports whether anything is owed to the store: degraded
+// admissions not yet charged or tokens not yet given back.
+func (l *Limiter) hasOutageDebt() bool {
+	owed := false
+	l.entries.Range(func(_, v any) bool {
+		owed = v.(*entry).debt.Load() != 0
+		return !owed
+	})
+	if owed {
+		return true
+	}
+	l.returns.Lock()
+	defer l.returns.Unlock()
+	return len(l.returns.items) > 0
+}
+
+// settle charges every key's degraded-mode debt and gives back queued
+// tokens through the reconcile package: jittered, paced, batched. What the
+// store could not take stays queued for the sweeper or the next recovery.
+func (l *Limiter) settle() {
+	p := l.pol.Load()
+	var items []reconcile.Item
+	l.entries.Range(func(_, v any) bool {
+		e := v.(*entry)
+		if d := e.debt.Swap(0); d > 0 {
+			items = append(items, reconcile.Item{Op: remote.OpDebit, Req: l.debitReq(p, e.key, d)})
+		}
+		return true
+	})
+	items = append(items, l.takeQueued()...)
+	rep, _ := l.settler.Run(l.ctx, items)
+	l.account(len(items), rep)
+	l.requeue(rep.Failed)
+}
+
+func (l *Limiter) debitReq(p *policyState, key string, n int64) remote.Request {
+	// A debit may exceed Burst after a long outage; the store takes at most
+	// MaxBurst per call, which is far above any sane debt.
+	return remote.Request{Prefix: l.cfg.prefix, Policy: p.Name, Key: key, Limit: p.Limit, Version: p.Version, N: n}
+}

@@ -1,0 +1,111 @@
+package hybrid
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Stats is a snapshot of a Limiter's counters.
+type Stats struct {
+	// Decisions is Admitted + Rejected.
+	Decisions int64
+	// Admitted and Rejected count decisions (not tokens).
+	Admitted int64
+	Rejected int64
+	// StoreCalls counts store round trips (a batch counts once per request
+	// in it); StoreErrors those that failed.
+	StoreCalls  int64
+	StoreErrors int64
+	// TokensLeased counts tokens put into local leases (reservations
+	// included once they became spendable); TokensReturned those given back.
+	TokensLeased   int64
+	TokensReturned int64
+	// TokensReserved counts tokens granted future-dated.
+	TokensReserved int64
+	// KeysTracked is the number of keys held locally; Evictions how many
+	// were forgotten to stay under MaxKeys or for idleness.
+	KeysTracked int64
+	Evictions   int64
+	// Mode is the mode at the snapshot; ModeChanges counts transitions.
+	Mode        Mode
+	ModeChanges int64
+	// PolicyChanges counts policies adopted after New.
+	PolicyChanges int64
+	// ClockOffset is the estimated store clock minus this process's clock.
+	ClockOffset time.Duration
+	// OutageDebt is tokens admitted during outages not yet charged to the
+	// store.
+	OutageDebt int64
+
+	bySource [numSources]SourceStats
+}
+
+// SourceStats counts decisions by one Source.
+type SourceStats struct {
+	Admitted int64
+	Rejected int64
+}
+
+// Source returns the counts of decisions made by src.
+func (s Stats) Source(src Source) SourceStats {
+	if src >= numSources {
+		return SourceStats{}
+	}
+	return s.bySource[src]
+}
+
+type counters struct {
+	admitted       [numSources]atomic.Int64
+	rejected       [numSources]atomic.Int64
+	storeCalls     atomic.Int64
+	storeErrors    atomic.Int64
+	tokensLeased   atomic.Int64
+	tokensReturned atomic.Int64
+	tokensReserved atomic.Int64
+	evictions      atomic.Int64
+	evictedAdmits  atomic.Int64
+	modeChanges    atomic.Int64
+	policyChanges  atomic.Int64
+}
+
+// Stats returns a snapshot of the counters. Lease admissions are counted
+// per key on the hot path and summed here, so Stats costs O(keys tracked);
+// call it for monitoring, not per request.
+func (l *Limiter) Stats() Stats {
+	s := Stats{
+		StoreCalls:     l.stats.storeCalls.Load(),
+		StoreErrors:    l.stats.storeErrors.Load(),
+		TokensLeased:   l.stats.tokensLeased.Load(),
+		TokensReturned: l.stats.tokensReturned.Load(),
+		TokensReserved: l.stats.tokensReserved.Load(),
+		KeysTracked:    l.nkeys.Load(),
+		Evictions:      l.stats.evictions.Load(),
+		Mode:           l.Mode(),
+		ModeChanges:    l.stats.modeChanges.Load(),
+		PolicyChanges:  l.stats.policyChanges.Load(),
+		ClockOffset:    l.ClockOffset(),
+	}
+	for i := range s.bySource {
+		s.bySource[i] = SourceStats{Admitted: l.stats.admitted[i].Load(), Rejected: l.stats.rejected[i].Load()}
+	}
+	leaseAdmits := l.stats.evictedAdmits.Load()
+	l.entries.Range(func(_, v any) bool {
+		e := v.(*entry)
+		leaseAdmits += e.admits.Load()
+		s.OutageDebt += e.debt.Load()
+		return true
+	})
+	// Admissions right after a store call are counted as SourceRemote by
+	// the slow path and, like every lease admission, in admits; move them.
+	remoteAdmits := s.bySource[SourceRemote].Admitted
+	s.bySource[SourceLease].Admitted = leaseAdmits - remoteAdmits
+	for _, b := range s.bySource {
+		s.Admitted += b.Admitted
+		s.Rejected += b.Rejected
+	}
+	s.Decisions = s.Admitted + s.Rejected
+	if s.KeysTracked < 0 {
+		s.KeysTracked = 0
+	}
+	return s
+}

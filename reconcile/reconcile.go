@@ -1,0 +1,160 @@
+// Package reconcile owns settling accounts after a store outage: it charges
+// the tokens each key admitted while degraded (Debit) and gives back leased
+// tokens that could not be returned during the outage (Return), in batches
+// (one pipeline per Redis node per batch), after a random delay and at a
+// paced rate, so a fleet recovering at once does not stampede the store.
+// It never runs on a request's path.
+package reconcile
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/remote"
+)
+
+// Settler settles outage accounts on a store. Zero fields take the
+// documented defaults; a Settler is safe for concurrent use.
+type Settler struct {
+	// Store receives the debits and returns.
+	Store remote.Store
+	// Clock paces the work. The default is the system clock.
+	Clock clock.Clock
+	// BatchSize is the most requests sent per batch. The default is 256.
+	BatchSize int
+	// MaxJitter bounds the random delay before the first batch. The
+	// default is 250 ms.
+	MaxJitter time.Duration
+	// Pace is the pause between batches. The default is 5 ms.
+	Pace time.Duration
+	// Timeout bounds each batch. The default is 1 s.
+	Timeout time.Duration
+}
+
+// Report says what a Run did.
+type Report struct {
+	Debited, Returned int64 // tokens
+	Batches           int
+	// Dropped counts requests the store refused for good (bad input, a
+	// corrupt bucket).
+	Dropped int
+	// Failed holds the requests the store could not take (unavailable);
+	// the caller keeps them for the next attempt.
+	Failed []Item
+}
+
+// Item is one request to settle.
+type Item struct {
+	Op  remote.Op // remote.OpDebit or remote.OpReturn
+	Req remote.Request
+}
+
+// Run settles items: debits first (so the bucket reflects what was admitted
+// before anyone leases again), then returns. It stops early when ctx ends;
+// unsent items are reported as Failed.
+func (s Settler) Run(ctx context.Context, items []Item) (Report, error) {
+	s = s.withDefaults()
+	var rep Report
+	if len(items) == 0 {
+		return rep, nil
+	}
+	if err := s.sleep(ctx, time.Duration(rand.Int64N(int64(s.MaxJitter)+1))); err != nil {
+		rep.Failed = items
+		return rep, err
+	}
+	return send(ctx, s.Store, items, s.BatchSize, s.Timeout, func() error { return s.sleep(ctx, s.Pace) })
+}
+
+// Send settles items at once, in batches of up to batchSize (debits first),
+// with no jitter or pacing: for small periodic flushes.
+func Send(ctx context.Context, store remote.Store, items []Item, batchSize int) Report {
+	if batchSize <= 0 {
+		batchSize = 256
+	}
+	rep, _ := send(ctx, store, items, batchSize, time.Second, nil)
+	return rep
+}
+
+func send(ctx context.Context, store remote.Store, items []Item, batchSize int, timeout time.Duration, pause func() error) (Report, error) {
+	var rep Report
+	ordered := make([]Item, 0, len(items))
+	for _, op := range []remote.Op{remote.OpDebit, remote.OpReturn} {
+		for _, it := range items {
+			if it.Op == op {
+				ordered = append(ordered, it)
+			}
+		}
+	}
+	for start := 0; start < len(ordered); {
+		op := ordered[start].Op
+		end := start
+		for end < len(ordered) && end-start < batchSize && ordered[end].Op == op {
+			end++
+		}
+		if rep.Batches > 0 && pause != nil {
+			if err := pause(); err != nil {
+				rep.Failed = append(rep.Failed, ordered[start:]...)
+				return rep, err
+			}
+		}
+		chunk := ordered[start:end]
+		reqs := make([]remote.Request, len(chunk))
+		for i, it := range chunk {
+			reqs[i] = it.Req
+		}
+		bctx, cancel := context.WithTimeout(ctx, timeout)
+		replies := store.Batch(bctx, op, reqs)
+		cancel()
+		rep.Batches++
+		for i, r := range replies {
+			switch {
+			case r.Err == nil && op == remote.OpDebit:
+				rep.Debited += reqs[i].N
+			case r.Err == nil:
+				rep.Returned += reqs[i].N
+			case remote.IsUnavailable(r.Err) || ctx.Err() != nil:
+				rep.Failed = append(rep.Failed, chunk[i])
+			default:
+				// Bad input or a corrupt bucket cannot succeed on retry.
+				rep.Dropped++
+			}
+		}
+		start = end
+	}
+	return rep, ctx.Err()
+}
+
+func (s Settler) withDefaults() Settler {
+	if s.Clock == nil {
+		s.Clock = clock.Real()
+	}
+	if s.BatchSize <= 0 {
+		s.BatchSize = 256
+	}
+	if s.MaxJitter <= 0 {
+		s.MaxJitter = 250 * time.Millisecond
+	}
+	if s.Pace <= 0 {
+		s.Pace = 5 * time.Millisecond
+	}
+	if s.Timeout <= 0 {
+		s.Timeout = time.Second
+	}
+	return s
+}
+
+func (s Settler) sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := s.Clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C():
+		return nil
+	}
+}
