@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -33,7 +34,7 @@ type entry struct {
 	mu struct {
 		sync.Mutex
 		demand   demand
-		pending  *reservation
+		pending  []*reservation // future-dated grants not yet spendable
 		degraded *local.Bucket
 		share    local.Limit // the limit degraded was built for
 	}
@@ -45,6 +46,7 @@ type entry struct {
 
 type reservation struct {
 	n     int64
+	until int64 // mono ns
 	timer clock.Timer
 }
 
@@ -128,33 +130,61 @@ type fetchOutcome struct {
 	retry     time.Duration
 }
 
+// errSlowFlight reports a synchronous caller that stopped waiting for a
+// store call after the store timeout; the call itself goes on.
+var errSlowFlight = fmt.Errorf("hybrid: store slower than the store timeout: %w", remote.ErrUnavailable)
+
 // fetch asks the store for tokens for e, one flight per key: concurrent
 // callers share the call and its outcome. need is the request that could
-// not be served (0 for a background refill).
+// not be served; 0 marks a background refill, which waits for the store as
+// long as the refill timeout allows, while a synchronous caller waits at
+// most the store timeout (the flight goes on without it).
 func (l *Limiter) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome, error) {
-	v, err, _ := l.flights.Do(e.key, func() (any, error) {
+	fn := func() (any, error) {
 		if !l.enterBackground() {
 			return fetchOutcome{}, ErrClosed
 		}
 		defer l.life.wg.Done()
-		return l.leaseFor(ctx, e, need)
-	})
-	out, _ := v.(fetchOutcome)
-	return out, err
+		return l.leaseFor(e, need)
+	}
+	if need == 0 {
+		v, err, _ := l.flights.Do(e.key, fn)
+		out, _ := v.(fetchOutcome)
+		return out, err
+	}
+	ch := l.flights.DoChan(e.key, fn)
+	t := l.cfg.clk.NewTimer(l.cfg.storeTimeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		out, _ := r.Val.(fetchOutcome)
+		return out, r.Err
+	case <-t.C():
+		return fetchOutcome{}, errSlowFlight
+	case <-ctx.Done():
+		return fetchOutcome{}, ctx.Err()
+	}
 }
 
-func (l *Limiter) leaseFor(ctx context.Context, e *entry, need int64) (fetchOutcome, error) {
+func (l *Limiter) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	p := l.pol.Load()
 	start := l.now()
+	// A flight that just ended may already have served this caller.
+	if need > 0 && e.lease.Tokens() >= need {
+		return fetchOutcome{deposited: true}, nil
+	}
+	if until := max(e.pendingUntil.Load(), e.emptyUntil.Load()); until > start {
+		return fetchOutcome{retry: time.Duration(until - start)}, nil
+	}
 	want := l.sizeLease(e, p, need, start)
 	minimum := want
 	if l.cfg.maxDelay == 0 {
 		// Without reservations, take what is there rather than nothing.
 		minimum = max(need, 1)
 	}
-	// The caller's values, not its cancellation: joined callers share this
-	// call. The store timeout bounds it.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.storeTimeout)
+	// Not the caller's context: joined callers share this call. Close ends
+	// it; the refill timeout bounds it.
+	cctx, cancel := context.WithTimeout(l.ctx, l.cfg.refillTimeout)
 	defer cancel()
 	req := remote.Request{Prefix: l.cfg.prefix, Policy: p.Name, Key: e.key, Limit: p.Limit, Version: p.Version,
 		N: want, Min: minimum, MaxDelay: l.cfg.maxDelay}
@@ -205,47 +235,61 @@ func (l *Limiter) reserve(e *entry, n int64, delay time.Duration, now int64) {
 		return
 	}
 	l.stats.tokensReserved.Add(n)
-	r := &reservation{n: n}
+	r := &reservation{n: n, until: now + int64(delay)}
 	e.mu.Lock()
-	e.pendingUntil.Store(now + int64(delay))
-	e.mu.pending = r
-	e.mu.Unlock()
-	t := l.cfg.clk.AfterFunc(delay, func() {
+	e.mu.pending = append(e.mu.pending, r)
+	e.setPendingUntilLocked()
+	// Scheduling under e.mu: a Manual clock may run the callback at once,
+	// and it takes e.mu, so it waits until r.timer is set.
+	r.timer = l.cfg.clk.AfterFunc(delay, func() {
 		defer l.life.wg.Done()
 		e.mu.Lock()
-		mine := e.mu.pending == r
-		if mine {
-			e.mu.pending = nil
-			e.pendingUntil.Store(0)
-		}
+		mine := e.removePendingLocked(r)
 		e.mu.Unlock()
 		if mine {
 			l.deposit(e, n, l.now())
 		}
 	})
-	e.mu.Lock()
-	if e.mu.pending == r {
-		r.timer = t
-	}
 	e.mu.Unlock()
 }
 
-// cancelReservation takes e's pending reservation, if any, and returns its
+// removePendingLocked drops r from the pending list and reports whether it
+// was there (false once Close or eviction took it).
+func (e *entry) removePendingLocked(r *reservation) bool {
+	for i, x := range e.mu.pending {
+		if x == r {
+			e.mu.pending = append(e.mu.pending[:i], e.mu.pending[i+1:]...)
+			e.setPendingUntilLocked()
+			return true
+		}
+	}
+	return false
+}
+
+func (e *entry) setPendingUntilLocked() {
+	var until int64
+	for _, r := range e.mu.pending {
+		until = max(until, r.until)
+	}
+	e.pendingUntil.Store(until)
+}
+
+// cancelReservation takes e's pending reservations and returns their
 // tokens for the caller to give back.
 func (l *Limiter) cancelReservation(e *entry) int64 {
 	e.mu.Lock()
-	r := e.mu.pending
+	rs := e.mu.pending
 	e.mu.pending = nil
 	e.pendingUntil.Store(0)
 	e.mu.Unlock()
-	if r == nil {
-		return 0
+	var n int64
+	for _, r := range rs {
+		n += r.n
+		if r.timer.Stop() {
+			l.life.wg.Done() // the callback will never run
+		}
 	}
-	// A nil timer means the callback already ran; it saw pending change.
-	if r.timer != nil && r.timer.Stop() {
-		l.life.wg.Done()
-	}
-	return r.n
+	return n
 }
 
 // outage decides while the store is unavailable, by the OutageMode.

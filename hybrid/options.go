@@ -22,6 +22,7 @@ type config struct {
 	horizon       time.Duration
 	maxFraction   float64
 	storeTimeout  time.Duration
+	refillTimeout time.Duration
 	maxKeys       int
 	clk           clock.Clock
 	outage        OutageMode
@@ -77,6 +78,10 @@ func buildConfig(opts []Option) (config, error) {
 		return c, fmt.Errorf("hybrid: max reservation %v must be in [0, lease TTL %v)", c.maxDelay, c.leaseTTL)
 	}
 	c.sweepInterval = min(c.leaseTTL/4, 250*time.Millisecond)
+	// Background refills are on no request's path: they may wait longer
+	// than a decision would, up to the breaker's default latency threshold,
+	// so that a briefly slow store costs no leased tokens.
+	c.refillTimeout = max(c.storeTimeout, 500*time.Millisecond)
 	return c, nil
 }
 
@@ -102,8 +107,10 @@ func WithMaxLeaseFraction(f float64) Option {
 	return optionFunc(func(c *config) { c.maxFraction = f })
 }
 
-// WithStoreTimeout bounds each store call made on behalf of a decision;
-// Allow never waits on the store longer than this. The default is 50 ms.
+// WithStoreTimeout bounds how long a decision waits for the store; Allow
+// never waits on the store longer than this, and decides by the outage mode
+// when the store has not answered. Background refills may wait up to
+// max(this, 500 ms). The default is 50 ms.
 func WithStoreTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.storeTimeout = d })
 }

@@ -1,0 +1,105 @@
+package hybrid
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// hotLimiter returns a limiter whose key "hot" holds a lease large enough
+// for any benchmark: the fast path never runs dry, so the benchmark
+// measures exactly the decision on a leased key.
+func hotLimiter(tb testing.TB) *Limiter {
+	tb.Helper()
+	w := newFakeWorld()
+	l, err := New(w.store, Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}}, WithClock(w.clk))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = l.Close(context.Background()) })
+	if !l.Allow(context.Background(), "hot") {
+		tb.Fatal("first Allow rejected")
+	}
+	v, _ := l.entries.Load("hot")
+	e := v.(*entry)
+	// Stand in for a lease the store granted: the bench must not depend
+	// on refill timing.
+	e.lease.Add(1<<40, int64(time.Hour))
+	e.added.Add(1 << 40)
+	e.lowWater.Store(0)
+	return l
+}
+
+func TestAllowOnLeasedKeyAllocatesNothing(t *testing.T) {
+	l := hotLimiter(t)
+	ctx := context.Background()
+	if a := testing.AllocsPerRun(10000, func() { l.Allow(ctx, "hot") }); a != 0 {
+		t.Fatalf("Allow on a leased key allocates %v per call, want 0", a)
+	}
+	if a := testing.AllocsPerRun(10000, func() { _, _ = l.AllowN(ctx, "hot", 3) }); a != 0 {
+		t.Fatalf("AllowN on a leased key allocates %v per call, want 0", a)
+	}
+}
+
+// BenchmarkAllow compares Allow on a leased hot key with x/time/rate's
+// Allow in the same run, serial and parallel. Compare ratios, not absolute
+// numbers.
+func BenchmarkAllow(b *testing.B) {
+	ctx := context.Background()
+	for _, par := range []bool{false, true} {
+		mode := "serial"
+		if par {
+			mode = "parallel"
+		}
+		b.Run(fmt.Sprintf("impl=hybrid/%s", mode), func(b *testing.B) {
+			l := hotLimiter(b)
+			b.ReportAllocs()
+			b.ResetTimer()
+			if par {
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if !l.Allow(ctx, "hot") {
+							b.Error("rejected")
+							return
+						}
+					}
+				})
+			} else {
+				for i := 0; i < b.N; i++ {
+					if !l.Allow(ctx, "hot") {
+						b.Fatal("rejected")
+					}
+				}
+			}
+			b.StopTimer()
+			// The workload must be what it claims: every call on the lease.
+			if s := l.Stats(); s.StoreCalls > 1 || s.Source(SourceLease).Admitted < int64(b.N) {
+				b.Fatalf("benchmark left the fast path: %+v", s)
+			}
+		})
+		b.Run(fmt.Sprintf("impl=x-time-rate/%s", mode), func(b *testing.B) {
+			lim := rate.NewLimiter(rate.Limit(1e12), 1e12)
+			b.ReportAllocs()
+			b.ResetTimer()
+			if par {
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if !lim.Allow() {
+							b.Error("rejected")
+							return
+						}
+					}
+				})
+			} else {
+				for i := 0; i < b.N; i++ {
+					if !lim.Allow() {
+						b.Fatal("rejected")
+					}
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,298 @@
+package hybrid
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/leasehold/leasehold/remote"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// newFleet builds n limiters of p, each with its own client from dial (so
+// each has its own connection pool and breaker, as separate processes
+// would).
+func newFleet(t *testing.T, n int, p Policy, dial func(t *testing.T) redis.UniversalClient, opts ...Option) []*Limiter {
+	t.Helper()
+	lims := make([]*Limiter, n)
+	for i := range lims {
+		l, err := New(remote.NewRedis(dial(t)), p, opts...)
+		require.NoError(t, err)
+		lims[i] = l
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+	}
+	return lims
+}
+
+func fleetStats(lims []*Limiter) (s Stats) {
+	for _, l := range lims {
+		x := l.Stats()
+		s.Admitted += x.Admitted
+		s.Rejected += x.Rejected
+		s.StoreCalls += x.StoreCalls
+		s.StoreErrors += x.StoreErrors
+	}
+	return s
+}
+
+// hammer runs g goroutines per limiter calling Allow on keys from pick as
+// fast as they can for d, and returns admitted and offered counts per key
+// and the wall time the load spanned.
+func hammer(lims []*Limiter, g int, d time.Duration, pick func(r *rand.Rand) string) (admitted, offered map[string]int64, elapsed time.Duration) {
+	var mu sync.Mutex
+	admitted, offered = map[string]int64{}, map[string]int64{}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	start := time.Now()
+	for li, l := range lims {
+		for j := 0; j < g; j++ {
+			wg.Add(1)
+			go func(seed uint64) {
+				defer wg.Done()
+				r := rand.New(rand.NewPCG(seed, 7))
+				adm, off := map[string]int64{}, map[string]int64{}
+				ctx := context.Background()
+				for !stop.Load() {
+					k := pick(r)
+					off[k]++
+					if l.Allow(ctx, k) {
+						adm[k]++
+					} else {
+						// A rejected client goes away; yield so that 256
+						// spinning load goroutines do not starve the
+						// limiter's own refills of CPU.
+						runtime.Gosched()
+					}
+				}
+				mu.Lock()
+				for k, v := range adm {
+					admitted[k] += v
+				}
+				for k, v := range off {
+					offered[k] += v
+				}
+				mu.Unlock()
+			}(uint64(li*1000 + j))
+		}
+	}
+	time.Sleep(d) // the load runs for a fixed real duration
+	stop.Store(true)
+	wg.Wait()
+	return admitted, offered, time.Since(start)
+}
+
+// steady offers each limiter g goroutines × perGoroutine requests per
+// second on key for d, at a steady pace (catching up with ticker jitter),
+// and returns offered and admitted counts and the wall time spanned.
+func steady(lims []*Limiter, g int, perGoroutine float64, d time.Duration, key string) (offered, admitted int64, elapsed time.Duration) {
+	var off, adm atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(d)
+	for _, l := range lims {
+		for j := 0; j < g; j++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tk := time.NewTicker(time.Millisecond)
+				defer tk.Stop()
+				sent := int64(0)
+				for now := range tk.C {
+					if now.After(deadline) {
+						return
+					}
+					due := int64(now.Sub(start).Seconds() * perGoroutine)
+					for ; sent < due; sent++ {
+						off.Add(1)
+						if l.Allow(context.Background(), key) {
+							adm.Add(1)
+						}
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	return off.Load(), adm.Load(), time.Since(start)
+}
+
+func sum(m map[string]int64) (n int64) {
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func standaloneDial(t *testing.T) redis.UniversalClient { return redistest.Standalone(t).Client(t) }
+func clusterDial(t *testing.T) redis.UniversalClient   { return redistest.SharedCluster(t).Client(t) }
+
+// TestExactBoundUnderLoad: 8 limiters with separate clients on one Redis,
+// 32 goroutines each, Rate 5 000/s Burst 500, 5 s: admitted ≤ Burst +
+// Rate·elapsed exactly and ≥ 95% of it, and at most 50 store calls per 1 000
+// admitted.
+func TestExactBoundUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("5 s of load per case")
+	}
+	lim := Limit{Rate: 5000, Period: time.Second, Burst: 500}
+	for _, tc := range []struct {
+		name string
+		dial func(*testing.T) redis.UniversalClient
+		key  string
+	}{
+		{"standalone", standaloneDial, "hot"},
+		{"cluster", clusterDial, "tenant:{7}:}{"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := Policy{Name: "exact-" + tc.name + strconv.FormatInt(time.Now().UnixNano(), 36), Limit: lim}
+			lims := newFleet(t, 8, p, tc.dial)
+			admitted, offered, elapsed := hammer(lims, 32, 5*time.Second, func(*rand.Rand) string { return tc.key })
+			got, bound := admitted[tc.key], lim.Burst+lim.TokensIn(elapsed)
+			s := fleetStats(lims)
+			perK := 1000 * float64(s.StoreCalls) / float64(got)
+			t.Logf("%s: offered %d (%.1f× the bound), admitted %d, bound %d (%.2f%%), %d store calls = %.1f per 1000 admitted, %d store errors",
+				tc.name, offered[tc.key], float64(offered[tc.key])/float64(bound), got, bound, 100*float64(got)/float64(bound), s.StoreCalls, perK, s.StoreErrors)
+			if offered[tc.key] < 3*bound {
+				t.Fatalf("offered %d < 3× bound %d: the test did not load the key enough", offered[tc.key], bound)
+			}
+			if got > bound {
+				t.Fatalf("admitted %d > exact bound %d", got, bound)
+			}
+			if float64(got) < 0.95*float64(bound) {
+				t.Fatalf("admitted %d < 95%% of bound %d", got, bound)
+			}
+			if perK > 50 {
+				t.Fatalf("%.1f store calls per 1000 admitted, want ≤ 50", perK)
+			}
+		})
+	}
+}
+
+// TestExactBoundManyKeys: the same fleet on 1 000 keys chosen at random per
+// request. Each key must stay within its own exact bound; demand per key
+// is below the limit here, so nearly all of it must be admitted.
+func TestExactBoundManyKeys(t *testing.T) {
+	if testing.Short() {
+		t.Skip("5 s of load")
+	}
+	lim := Limit{Rate: 5000, Period: time.Second, Burst: 500}
+	p := Policy{Name: "many-" + strconv.FormatInt(time.Now().UnixNano(), 36), Limit: lim}
+	lims := newFleet(t, 8, p, standaloneDial)
+	keys := make([]string, 1000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%04d", i)
+	}
+	admitted, offered, elapsed := hammer(lims, 32, 5*time.Second, func(r *rand.Rand) string { return keys[r.IntN(len(keys))] })
+	if len(offered) != len(keys) {
+		t.Fatalf("load touched %d keys, want %d", len(offered), len(keys))
+	}
+	bound := lim.Burst + lim.TokensIn(elapsed)
+	var servable int64
+	for _, k := range keys {
+		if admitted[k] > bound {
+			t.Fatalf("key %s: admitted %d > exact bound %d", k, admitted[k], bound)
+		}
+		servable += min(offered[k], bound)
+	}
+	got := sum(admitted)
+	s := fleetStats(lims)
+	t.Logf("1000 keys: offered %d, admitted %d of %d servable (%.2f%%), per-key bound %d, %d store calls (%.1f per 1000 admitted)",
+		sum(offered), got, servable, 100*float64(got)/float64(servable), bound, s.StoreCalls, 1000*float64(s.StoreCalls)/float64(got))
+	if float64(got) < 0.95*float64(servable) {
+		t.Fatalf("admitted %d < 95%% of servable %d", got, servable)
+	}
+}
+
+// TestRoundTripsUnderLimit: Rate 100 000/s Burst 10 000, 8 limiters each
+// offered a steady 5 000/s on one key: at most 5 store calls per 1 000
+// decisions, counted by Stats and by Redis INFO commandstats.
+func TestRoundTripsUnderLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3 s of load")
+	}
+	srv := redistest.NewServer(t)
+	admin := srv.Client(t)
+	lim := Limit{Rate: 100_000, Period: time.Second, Burst: 10_000}
+	lims := newFleet(t, 8, Policy{Name: "steady", Limit: lim}, func(t *testing.T) redis.UniversalClient { return srv.Client(t) })
+	require.NoError(t, admin.ConfigResetStat(context.Background()).Err())
+	const perProcess = 5000
+	d, admitted, _ := steady(lims, 1, perProcess, 3*time.Second, "steady")
+	s := fleetStats(lims)
+	redisCalls := scriptCalls(t, admin)
+	t.Logf("%d decisions (%d admitted), Stats: %d store calls (%.2f per 1000), Redis commandstats: %d script calls (%.2f per 1000)",
+		d, admitted, s.StoreCalls, 1000*float64(s.StoreCalls)/float64(d), redisCalls, 1000*float64(redisCalls)/float64(d))
+	if d < 8*perProcess*2 {
+		t.Fatalf("only %d decisions offered", d)
+	}
+	if admitted != d {
+		t.Fatalf("admitted %d of %d under the limit", admitted, d)
+	}
+	for name, calls := range map[string]int64{"Stats": s.StoreCalls, "commandstats": redisCalls} {
+		if per := 1000 * float64(calls) / float64(d); per > 5 {
+			t.Fatalf("%s: %.2f store calls per 1000 decisions, want ≤ 5", name, per)
+		}
+	}
+}
+
+// TestRejectionsCostNoRoundTrips: at the limit, doubling the demand leaves
+// the number of store calls where it was: rejections are decided locally.
+func TestRejectionsCostNoRoundTrips(t *testing.T) {
+	if testing.Short() {
+		t.Skip("6 s of load")
+	}
+	srv := redistest.NewServer(t)
+	admin := srv.Client(t)
+	lim := Limit{Rate: 5000, Period: time.Second, Burst: 500}
+	var calls [2]int64
+	var offered [2]int64
+	for i, g := range []int{8, 16} {
+		lims := newFleet(t, 8, Policy{Name: fmt.Sprintf("double-%d", i), Limit: lim}, func(t *testing.T) redis.UniversalClient { return srv.Client(t) })
+		require.NoError(t, admin.ConfigResetStat(context.Background()).Err())
+		off, adm, elapsed := steady(lims, g, 1000, 3*time.Second, "k")
+		calls[i] = scriptCalls(t, admin)
+		offered[i] = off
+		bound := lim.Burst + lim.TokensIn(elapsed)
+		t.Logf("%d goroutines per limiter: offered %d, admitted %d (bound %d), %d script calls in Redis",
+			g, off, adm, bound, calls[i])
+		if adm > bound {
+			t.Fatalf("admitted %d > bound %d", adm, bound)
+		}
+		for _, l := range lims {
+			require.NoError(t, l.Close(context.Background()))
+		}
+	}
+	if offered[1] < offered[0]*3/2 {
+		t.Fatalf("doubling goroutines raised demand only from %d to %d", offered[0], offered[1])
+	}
+	if float64(calls[1]) > 1.3*float64(calls[0]) {
+		t.Fatalf("store calls went from %d to %d when demand doubled", calls[0], calls[1])
+	}
+}
+
+// scriptCalls reads EVAL + EVALSHA calls from INFO commandstats.
+func scriptCalls(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	require.NoError(t, err)
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+			continue
+		}
+		_, rest, _ := strings.Cut(line, "calls=")
+		v, _, _ := strings.Cut(rest, ",")
+		x, err := strconv.ParseInt(v, 10, 64)
+		require.NoError(t, err)
+		n += x
+	}
+	return n
+}
