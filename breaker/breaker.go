@@ -40,9 +40,6 @@ type Settings struct {
 	// MaxBackoff caps the wait between half-open probes, which doubles
 	// from Breaker.Timeout after each failed probe. The default is 1 s.
 	MaxBackoff time.Duration
-	// Clock measures call latency and probe backoff. The default is the
-	// system clock. (gobreaker reads the system clock itself.)
-	Clock clock.Clock
 }
 
 // Store is a remote.Store behind a circuit breaker. It is safe for
@@ -53,7 +50,9 @@ type Store struct {
 	latency time.Duration
 	timeout time.Duration
 	maxBack time.Duration
-	clk     clock.Clock
+	// clk is the system clock: gobreaker reads it for its own timeouts,
+	// and probe backoff and latency must agree with them.
+	clk clock.Clock
 
 	nextProbe atomic.Int64 // unix ns before which a half-open breaker is treated as open
 	backoff   atomic.Int64 // current probe backoff, ns
@@ -73,9 +72,6 @@ func NewStore(next remote.Store, st Settings) *Store {
 	if st.MaxBackoff <= 0 {
 		st.MaxBackoff = time.Second
 	}
-	if st.Clock == nil {
-		st.Clock = clock.Real()
-	}
 	bs := st.Breaker
 	if bs.Name == "" {
 		bs.Name = "leasehold"
@@ -86,7 +82,7 @@ func NewStore(next remote.Store, st Settings) *Store {
 	if bs.ReadyToTrip == nil {
 		bs.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 3 }
 	}
-	s := &Store{next: next, latency: st.Latency, timeout: bs.Timeout, maxBack: st.MaxBackoff, clk: st.Clock, subs: map[chan<- struct{}]struct{}{}}
+	s := &Store{next: next, latency: st.Latency, timeout: bs.Timeout, maxBack: st.MaxBackoff, clk: clock.Real(), subs: map[chan<- struct{}]struct{}{}}
 	s.backoff.Store(int64(bs.Timeout))
 	userIsSuccessful := bs.IsSuccessful
 	bs.IsSuccessful = func(err error) bool {

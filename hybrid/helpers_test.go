@@ -56,3 +56,24 @@ func quiesce(t *testing.T, l *Limiter) {
 		return !busy
 	})
 }
+
+// grantAll is a Store that grants every lease in full and keeps no state:
+// for measuring the limiter's own memory.
+type grantAll struct{ clk *clock.Manual }
+
+func (g grantAll) Lease(_ context.Context, r remote.Request) (remote.Result, error) {
+	return remote.Result{Granted: r.N, Remaining: r.Limit.Burst - r.N, Now: g.clk.Now(), Version: r.Version}, nil
+}
+func (g grantAll) Return(_ context.Context, r remote.Request) (remote.Result, error) {
+	return remote.Result{Now: g.clk.Now(), Version: r.Version}, nil
+}
+func (g grantAll) Debit(_ context.Context, r remote.Request) (remote.Result, error) {
+	return remote.Result{Now: g.clk.Now(), Version: r.Version}, nil
+}
+func (g grantAll) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
+	out := make([]remote.Reply, len(rs))
+	for i := range rs {
+		out[i].Result, _ = g.Return(ctx, rs[i])
+	}
+	return out
+}

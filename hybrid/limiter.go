@@ -97,7 +97,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	}
 	bs, ok := store.(*breaker.Store)
 	if !ok {
-		bs = breaker.NewStore(store, breaker.Settings{Clock: cfg.clk})
+		bs = breaker.NewStore(store, breaker.Settings{})
 	}
 	l := &Limiter{
 		store:  bs,

@@ -20,6 +20,7 @@ type MemoryStore struct {
 		sync.Mutex
 		buckets map[string]memBucket
 		writes  int // since the last expiry sweep
+		live    int // buckets left by the last expiry sweep
 	}
 }
 
@@ -91,14 +92,15 @@ func (s *MemoryStore) do(ctx context.Context, op Op, r Request) (Result, error) 
 	}
 	st, res := apply(b.st, ok, op, &r, m, now)
 	s.mu.buckets[key] = memBucket{st: st, deadline: now + int64(ttl(res.ResetAfter)/1000)}
-	if s.mu.writes++; s.mu.writes >= 4096 && s.mu.writes >= len(s.mu.buckets) {
+	if s.mu.writes++; s.mu.writes >= max(4096, s.mu.live) {
 		s.expireLocked(now)
 	}
 	return res, nil
 }
 
-// expireLocked drops expired buckets; amortized over as many writes as
-// there are buckets, so memory tracks the live set.
+// expireLocked drops expired buckets. It runs after as many writes as the
+// last sweep left buckets, so its cost is amortized O(1) per write and the
+// map holds at most about twice the live set.
 func (s *MemoryStore) expireLocked(now int64) {
 	s.mu.writes = 0
 	for k, b := range s.mu.buckets {
@@ -106,4 +108,5 @@ func (s *MemoryStore) expireLocked(now int64) {
 			delete(s.mu.buckets, k)
 		}
 	}
+	s.mu.live = len(s.mu.buckets)
 }

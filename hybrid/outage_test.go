@@ -1,0 +1,142 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/remote"
+	"github.com/stretchr/testify/require"
+)
+
+// flaky is a Store that fails with ErrUnavailable while down is set.
+type flaky struct {
+	remote.Store
+	down    atomic.Bool
+	debited atomic.Int64 // tokens charged through Debit or a debit Batch
+}
+
+func (f *flaky) err() error { return errors.Join(remote.ErrUnavailable, errors.New("flaky: down")) }
+
+func (f *flaky) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if f.down.Load() {
+		return remote.Result{}, f.err()
+	}
+	return f.Store.Lease(ctx, r)
+}
+
+func (f *flaky) Return(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if f.down.Load() {
+		return remote.Result{}, f.err()
+	}
+	return f.Store.Return(ctx, r)
+}
+
+func (f *flaky) Debit(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if f.down.Load() {
+		return remote.Result{}, f.err()
+	}
+	res, err := f.Store.Debit(ctx, r)
+	if err == nil {
+		f.debited.Add(r.N)
+	}
+	return res, err
+}
+
+func (f *flaky) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
+	if f.down.Load() {
+		out := make([]remote.Reply, len(rs))
+		for i := range out {
+			out[i].Err = f.err()
+		}
+		return out
+	}
+	out := f.Store.Batch(ctx, op, rs)
+	for i, r := range out {
+		if op == remote.OpDebit && r.Err == nil {
+			f.debited.Add(rs[i].N)
+		}
+	}
+	return out
+}
+
+// TestOutageModes runs each outage mode against a store that goes down and
+// comes back: decisions never error, carry the mode's Source, and after
+// recovery the degraded admissions are charged to the bucket.
+func TestOutageModes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		mode       OutageMode
+		wantSource Source
+	}{
+		{OutageDegraded, SourceDegraded},
+		{OutageFailOpen, SourceFailOpen},
+		{OutageFailClosed, SourceFailClosed},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			t.Parallel()
+			w := newFakeWorld()
+			st := &flaky{Store: w.store}
+			lim := Limit{Rate: 100, Period: time.Second, Burst: 100}
+			p := Policy{Name: "outage-" + tc.mode.String(), Limit: lim}
+			l, err := New(st, p, WithClock(w.clk), WithOutageMode(tc.mode), WithFleetSize(4))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = l.Close(context.Background()) })
+			ctx := context.Background()
+
+			st.down.Store(true)
+			var admitted, rejected int64
+			for i := 0; i < 100; i++ {
+				d, err := l.AllowN(ctx, "k", 1)
+				if err != nil {
+					t.Fatalf("AllowN during outage: %v", err)
+				}
+				if i >= 3 && d.Source != tc.wantSource { // the breaker trips after 3 failures
+					t.Fatalf("decision %d Source = %v, want %v", i, d.Source, tc.wantSource)
+				}
+				if d.Allowed {
+					admitted++
+				} else {
+					rejected++
+				}
+			}
+			if got := l.Mode(); got != ModeDegraded {
+				t.Fatalf("Mode() = %v during outage, want degraded", got)
+			}
+			switch tc.mode {
+			case OutageDegraded:
+				// Share of one process in four: Burst 100/4 = 25.
+				if admitted != 25 {
+					t.Fatalf("degraded admitted %d of 100 at once, want the share's burst 25", admitted)
+				}
+			case OutageFailOpen:
+				if admitted != 100 {
+					t.Fatalf("fail-open admitted %d of 100", admitted)
+				}
+			case OutageFailClosed:
+				if admitted != 0 {
+					t.Fatalf("fail-closed admitted %d", admitted)
+				}
+			}
+			st.down.Store(false)
+			// gobreaker's open state lasts 200 ms of real time; the
+			// reconciler's jitter and pacing run on the limiter's clock.
+			eventually(t, "recovery to healthy", func() bool {
+				l.Allow(ctx, "probe")
+				w.clk.Advance(10 * time.Millisecond)
+				s := l.Stats()
+				return s.Mode == ModeHealthy && s.OutageDebt == 0 && s.ModeChanges >= 2
+			})
+			// The store was charged exactly what the outage admitted (the
+			// probe loop above was admitted by the outage mode too).
+			if got, want := st.debited.Load(), l.Stats().Source(tc.wantSource).Admitted; got != want || want < admitted {
+				t.Fatalf("store was charged %d tokens, outage admitted %d (%d in the first 100)", got, want, admitted)
+			}
+			if s := l.Stats(); s.Source(tc.wantSource).Admitted+s.Source(tc.wantSource).Rejected < 97 || s.ModeChanges < 2 {
+				t.Fatalf("Stats = %+v", s)
+			}
+		})
+	}
+}
