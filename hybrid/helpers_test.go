@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -11,6 +12,9 @@ import (
 )
 
 var t0 = time.Unix(1_700_000_000, 0)
+
+// quiet drops mode-change logs in tests.
+var quiet = WithLogger(slog.New(slog.DiscardHandler))
 
 // fakeWorld is a MemoryStore and every limiter on one manual clock.
 type fakeWorld struct {
@@ -25,7 +29,7 @@ func newFakeWorld() *fakeWorld {
 
 func (w *fakeWorld) limiter(t *testing.T, p Policy, opts ...Option) *Limiter {
 	t.Helper()
-	l, err := New(w.store, p, append([]Option{WithClock(w.clk)}, opts...)...)
+	l, err := New(w.store, p, append([]Option{WithClock(w.clk), quiet}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	return l

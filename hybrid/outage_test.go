@@ -81,7 +81,7 @@ func TestOutageModes(t *testing.T) {
 			st := &flaky{Store: w.store}
 			lim := Limit{Rate: 100, Period: time.Second, Burst: 100}
 			p := Policy{Name: "outage-" + tc.mode.String(), Limit: lim}
-			l, err := New(st, p, WithClock(w.clk), WithOutageMode(tc.mode), WithFleetSize(4))
+			l, err := New(st, p, WithClock(w.clk), WithOutageMode(tc.mode), WithFleetSize(4), quiet)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = l.Close(context.Background()) })
 			ctx := context.Background()

@@ -25,7 +25,7 @@ func newFleet(t *testing.T, n int, p Policy, dial func(t *testing.T) redis.Unive
 	t.Helper()
 	lims := make([]*Limiter, n)
 	for i := range lims {
-		l, err := New(remote.NewRedis(dial(t)), p, opts...)
+		l, err := New(remote.NewRedis(dial(t)), p, append([]Option{quiet}, opts...)...)
 		require.NoError(t, err)
 		lims[i] = l
 		t.Cleanup(func() { _ = l.Close(context.Background()) })
