@@ -166,6 +166,19 @@ func (s *Store) onChange(from, to gobreaker.State) {
 	}
 }
 
+// ReportTimeout tells a closed breaker that a caller gave up waiting for
+// the store and counts it as a failed call. Callers should report only when
+// the store has answered nothing at all for a while: a store that answers
+// slowly is judged by its calls' own latency.
+func (s *Store) ReportTimeout() {
+	if s.cb.State() != gobreaker.StateClosed {
+		return
+	}
+	if done, err := s.cb.Allow(); err == nil {
+		done(errSlow)
+	}
+}
+
 // call runs fn through the breaker.
 func (s *Store) call(fn func() error) error {
 	if s.cb.State() == gobreaker.StateHalfOpen && s.clk.Now().UnixNano() < s.nextProbe.Load() {
@@ -223,4 +236,36 @@ func (s *Store) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []
 		}
 	}
 	return out
+}
+
+var _ remote.Fleet = (*Store)(nil)
+
+// errNoFleet reports a store that cannot count its fleet.
+var errNoFleet = errors.New("breaker: store does not implement remote.Fleet")
+
+// Heartbeat implements remote.Fleet through the breaker when the wrapped
+// store does.
+func (s *Store) Heartbeat(ctx context.Context, prefix, policy, member string, expiry time.Duration) (n int, err error) {
+	f, ok := s.next.(remote.Fleet)
+	if !ok {
+		return 0, errNoFleet
+	}
+	err = s.call(func() error { n, err = f.Heartbeat(ctx, prefix, policy, member, expiry); return err })
+	return n, err
+}
+
+// Leave implements remote.Fleet through the breaker when the wrapped store
+// does.
+func (s *Store) Leave(ctx context.Context, prefix, policy, member string) error {
+	f, ok := s.next.(remote.Fleet)
+	if !ok {
+		return errNoFleet
+	}
+	return s.call(func() error { return f.Leave(ctx, prefix, policy, member) })
+}
+
+// CanCountFleet reports whether the wrapped store implements remote.Fleet.
+func (s *Store) CanCountFleet() bool {
+	_, ok := s.next.(remote.Fleet)
+	return ok
 }

@@ -195,6 +195,7 @@ func (l *Limiter) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 		return fetchOutcome{}, err
 	}
 	now := l.now()
+	l.lastOK.Store(now)
 	l.observeClock(res, start, now)
 	if res.Stale {
 		l.learnVersion(res.Version)
@@ -303,7 +304,7 @@ func (l *Limiter) outage(e *entry, p *policyState, n, now int64) Decision {
 		l.stats.rejected[SourceFailClosed].Add(1)
 		return Decision{Limit: p.Limit, RetryAfter: l.cfg.storeTimeout, Source: SourceFailClosed}
 	}
-	b := l.degradedBucket(e, p)
+	b := l.degradedBucket(e, p, now)
 	r, err := b.TakeAt(now, n)
 	if err != nil || !r.Allowed {
 		l.stats.rejected[SourceDegraded].Add(1)
@@ -320,7 +321,7 @@ func (l *Limiter) outage(e *entry, p *policyState, n, now int64) Decision {
 
 // degradedBucket returns e's local GCRA at this process's share of the
 // limit, rebuilt when the policy or the fleet size changes.
-func (l *Limiter) degradedBucket(e *entry, p *policyState) *local.Bucket {
+func (l *Limiter) degradedBucket(e *entry, p *policyState, now int64) *local.Bucket {
 	share := l.share(p.Limit)
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -328,6 +329,12 @@ func (l *Limiter) degradedBucket(e *entry, p *policyState) *local.Bucket {
 		b, err := local.NewBucket(share)
 		if err != nil { // the share cannot be expressed; fall back to the whole limit
 			b, _ = local.NewBucket(p.Limit)
+		}
+		if e.added.Load() > 0 {
+			// The key was in use when the store went away: its global
+			// bucket was likely drawn down, so the share starts empty and
+			// refills at its rate instead of granting a fresh burst.
+			b.Empty(now)
 		}
 		e.mu.degraded, e.mu.share = b, share
 	}

@@ -2,6 +2,8 @@ package hybrid
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -62,7 +64,9 @@ type Limiter struct {
 	recov   atomic.Bool
 	fleet   atomic.Int64  // live fleet size from heartbeats; 0 = unknown
 	newest  atomic.Uint64 // newest policy version a store reply named
+	lastOK  atomic.Int64  // mono ns of the last successful store reply
 	settler reconcile.Settler
+	id      string // this limiter's member name in the fleet set
 }
 
 // policyState is a Policy with everything derived from it, swapped
@@ -112,8 +116,17 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	l.pol.Store(newPolicyState(p, cfg.maxFraction))
 	l.unnotify = bs.Notify(l.notify)
 	l.mode.Store(int32(l.modeFromBreaker()))
+	l.id = newMemberID()
+	if rs, ok := bs.Unwrap().(interface{ Check() error }); ok {
+		if err := rs.Check(); err != nil {
+			cfg.logger.Warn("leasehold: store misconfigured", slog.String("error", err.Error()))
+		}
+	}
 	l.goBackground(l.sweepLoop)
 	l.goBackground(l.watchLoop)
+	if cfg.fleetSize == 0 && bs.CanCountFleet() {
+		l.goBackground(l.heartbeatLoop)
+	}
 	return l, nil
 }
 
@@ -220,7 +233,13 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 			return Decision{Allowed: true, Limit: p.Limit, Remaining: left, ResetAfter: e.resetAfter(l.now()), Source: src}, nil
 		}
 		now := l.now()
-		if l.store.State() != gobreaker.StateClosed && l.store.State() != gobreaker.StateHalfOpen {
+		switch l.store.State() {
+		case gobreaker.StateOpen:
+			return l.outage(e, p, n, now), nil
+		case gobreaker.StateHalfOpen:
+			// Probe in the background; nobody waits on a store that was
+			// down a moment ago.
+			l.refillAsync(e)
 			return l.outage(e, p, n, now), nil
 		}
 		if until := e.emptyUntil.Load(); now < until {
@@ -241,6 +260,19 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 			}
 			if ctx.Err() != nil {
 				return Decision{Limit: p.Limit}, ctx.Err()
+			}
+			if errors.Is(err, errSlowFlight) && l.store.State() == gobreaker.StateClosed {
+				// The store is slow but not known to be down: healthy mode
+				// never admits what the store did not grant, so refuse
+				// this one. If the store has answered nothing for a whole
+				// refill timeout, it is more likely dead than slow: tell
+				// the breaker, which opens after a few such reports
+				// instead of waiting for in-flight calls to time out.
+				now := l.now()
+				if now-l.lastOK.Load() > int64(l.cfg.refillTimeout) {
+					l.store.ReportTimeout()
+				}
+				return l.reject(e, p, SourceRemote, l.cfg.storeTimeout, now), nil
 			}
 			if remote.IsUnavailable(err) {
 				return l.outage(e, p, n, l.now()), nil
@@ -372,7 +404,19 @@ func (l *Limiter) Close(ctx context.Context) error {
 	})
 	l.nkeys.Store(0)
 	items = append(items, l.takeQueued()...)
-	return l.giveBack(ctx, items)
+	err := l.giveBack(ctx, items)
+	if l.cfg.fleetSize == 0 && l.store.CanCountFleet() && l.modeFromBreaker() == ModeHealthy {
+		// Leave the fleet at once rather than after the heartbeat expiry.
+		_ = l.store.Leave(ctx, l.cfg.prefix, l.pol.Load().Name, l.id)
+	}
+	return err
+}
+
+// newMemberID names this limiter in its policy's fleet set.
+func newMemberID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // closeEntry closes e's lease, cancels its reservation and takes its
@@ -424,6 +468,7 @@ func (l *Limiter) account(n int, rep reconcile.Report) {
 	l.stats.storeCalls.Add(int64(n))
 	l.stats.storeErrors.Add(int64(len(rep.Failed)))
 	l.stats.tokensReturned.Add(rep.Returned)
+	l.stats.tokensDebited.Add(rep.Debited)
 }
 
 func (l *Limiter) logMode(from, to Mode) {

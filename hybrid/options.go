@@ -31,6 +31,8 @@ type config struct {
 	maxDelaySet   bool
 	logger        *slog.Logger
 	sweepInterval time.Duration
+	hbInterval    time.Duration
+	hbExpiry      time.Duration
 }
 
 func buildConfig(opts []Option) (config, error) {
@@ -44,6 +46,7 @@ func buildConfig(opts []Option) (config, error) {
 		clk:          clock.Real(),
 		outage:       OutageDegraded,
 		logger:       slog.Default(),
+		hbInterval:   time.Second,
 	}
 	for _, o := range opts {
 		o.apply(&c)
@@ -70,6 +73,15 @@ func buildConfig(opts []Option) (config, error) {
 	}
 	if err := remote.ValidateKey(c.prefix, "p", "k"); err != nil {
 		return c, err
+	}
+	if c.hbInterval <= 0 {
+		return c, fmt.Errorf("hybrid: heartbeat interval %v must be positive", c.hbInterval)
+	}
+	if c.hbExpiry == 0 {
+		c.hbExpiry = 3 * c.hbInterval
+	}
+	if c.hbExpiry < c.hbInterval {
+		return c, fmt.Errorf("hybrid: heartbeat expiry %v below interval %v", c.hbExpiry, c.hbInterval)
 	}
 	if !c.maxDelaySet {
 		c.maxDelay = c.leaseTTL / 2
@@ -128,8 +140,8 @@ func WithClock(clk clock.Clock) Option { return optionFunc(func(c *config) { c.c
 func WithOutageMode(m OutageMode) Option { return optionFunc(func(c *config) { c.outage = m }) }
 
 // WithFleetSize fixes the number of processes sharing the limit, used for
-// degraded-mode shares. The default, 0, means 1 until fleet heartbeats say
-// otherwise.
+// degraded-mode shares, and turns heartbeats off. The default, 0, counts the
+// fleet by heartbeats (see WithHeartbeat); before the first count, N is 1.
 func WithFleetSize(n int) Option { return optionFunc(func(c *config) { c.fleetSize = n }) }
 
 // WithMaxReservation sets how far ahead the store may future-date a lease
@@ -143,3 +155,12 @@ func WithMaxReservation(d time.Duration) Option {
 // WithLogger sets the logger for mode changes. The default is
 // slog.Default().
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
+
+// WithHeartbeat sets how often the limiter announces itself in the store's
+// fleet set for its policy, and how long an announcement lasts; the count of
+// live members is N for degraded-mode shares, and the last count before an
+// outage is kept through it. The defaults are 1 s and 3 s (expiry 0 means 3
+// intervals).
+func WithHeartbeat(interval, expiry time.Duration) Option {
+	return optionFunc(func(c *config) { c.hbInterval, c.hbExpiry = interval, expiry })
+}

@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"context"
 	"time"
 
 	"github.com/leasehold/leasehold/reconcile"
@@ -33,6 +34,38 @@ func (l *Limiter) learnVersion(v uint64) {
 	}
 }
 
+// heartbeatLoop announces this limiter in the policy's fleet set every
+// heartbeat interval and keeps the live count. Failures keep the last count:
+// during an outage the fleet is as big as it was before.
+func (l *Limiter) heartbeatLoop() {
+	for {
+		l.heartbeat()
+		t := l.cfg.clk.NewTimer(l.cfg.hbInterval)
+		select {
+		case <-l.stop:
+			t.Stop()
+			return
+		case <-t.C():
+		}
+	}
+}
+
+func (l *Limiter) heartbeat() {
+	if l.Mode() == ModeDegraded {
+		return // the breaker is open: do not add to the store's load
+	}
+	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.refillTimeout)
+	defer cancel()
+	if n, err := l.store.Heartbeat(ctx, l.cfg.prefix, l.pol.Load().Name, l.id, l.cfg.hbExpiry); err == nil {
+		l.fleet.Store(int64(n))
+		l.lastOK.Store(l.now())
+	}
+}
+
+// FleetSize returns N, the number of processes this limiter assumes share
+// its policy: WithFleetSize if set, else the last heartbeat count, else 1.
+func (l *Limiter) FleetSize() int { return l.fleetSize() }
+
 // fleetSize is N for degraded-mode shares: the configured size, else the
 // last size heartbeats reported, else 1.
 func (l *Limiter) fleetSize() int {
@@ -42,7 +75,7 @@ func (l *Limiter) fleetSize() int {
 	return max(int(l.fleet.Load()), 1)
 }
 
-func (l *Limiter) recovering() bool    { return l.recov.Load() }
+func (l *Limiter) recovering() bool     { return l.recov.Load() }
 func (l *Limiter) setRecovering(b bool) { l.recov.Store(b) }
 
 // hasOutageDebt reports whether anything is owed to the store: degraded
@@ -61,15 +94,16 @@ func (l *Limiter) hasOutageDebt() bool {
 	return len(l.returns.items) > 0
 }
 
-// settle charges every key's degraded-mode debt and gives back queued
-// tokens through the reconcile package: jittered, paced, batched. What the
-// store could not take stays queued for the sweeper or the next recovery.
+// settle charges what the outage admitted and gives back queued tokens,
+// through the reconcile package: jittered, paced, batched. What the store
+// could not take stays queued for the sweeper or the next recovery.
 func (l *Limiter) settle() {
 	p := l.pol.Load()
+	now := l.now()
 	var items []reconcile.Item
 	l.entries.Range(func(_, v any) bool {
 		e := v.(*entry)
-		if d := e.debt.Swap(0); d > 0 {
+		if d := l.unpaid(e, p, e.debt.Swap(0), now); d > 0 {
 			items = append(items, reconcile.Item{Op: remote.OpDebit, Req: l.debitReq(p, e.key, d)})
 		}
 		return true
@@ -78,6 +112,27 @@ func (l *Limiter) settle() {
 	rep, _ := l.settler.Run(l.ctx, items)
 	l.account(len(items), rep)
 	l.requeue(rep.Failed)
+}
+
+// unpaid is the part of admitted (tokens a key admitted while the store
+// was away) that the time since has not paid for. The global bucket kept
+// refilling during the outage, up to Burst; charging every admitted token
+// would count that refill twice and starve the key after recovery. In
+// degraded mode the local share bucket knows exactly how much of its
+// recent use is still outstanding; fail-open has no such bucket and is
+// charged at most one Burst, leaving the key empty.
+func (l *Limiter) unpaid(e *entry, p *policyState, admitted, now int64) int64 {
+	if admitted <= 0 {
+		return 0
+	}
+	e.mu.Lock()
+	b := e.mu.degraded
+	e.mu.Unlock()
+	if b == nil {
+		return min(admitted, p.Limit.Burst)
+	}
+	used := b.Limit().Burst - b.Tokens(now)
+	return min(admitted, used)
 }
 
 func (l *Limiter) debitReq(p *policyState, key string, n int64) remote.Request {

@@ -133,7 +133,7 @@ func sum(m map[string]int64) (n int64) {
 }
 
 func standaloneDial(t *testing.T) redis.UniversalClient { return redistest.Standalone(t).Client(t) }
-func clusterDial(t *testing.T) redis.UniversalClient   { return redistest.SharedCluster(t).Client(t) }
+func clusterDial(t *testing.T) redis.UniversalClient    { return redistest.SharedCluster(t).Client(t) }
 
 // TestExactBoundUnderLoad: 8 limiters with separate clients on one Redis,
 // 32 goroutines each, Rate 5 000/s Burst 500, 5 s: admitted ≤ Burst +

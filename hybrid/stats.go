@@ -22,6 +22,9 @@ type Stats struct {
 	TokensReturned int64
 	// TokensReserved counts tokens granted future-dated.
 	TokensReserved int64
+	// TokensDebited counts tokens admitted during outages and charged to
+	// the store afterwards.
+	TokensDebited int64
 	// KeysTracked is the number of keys held locally; Evictions how many
 	// were forgotten to stay under MaxKeys or for idleness.
 	KeysTracked int64
@@ -36,6 +39,8 @@ type Stats struct {
 	// OutageDebt is tokens admitted during outages not yet charged to the
 	// store.
 	OutageDebt int64
+	// FleetSize is N, the processes assumed to share the policy.
+	FleetSize int
 
 	bySource [numSources]SourceStats
 }
@@ -62,6 +67,7 @@ type counters struct {
 	tokensLeased   atomic.Int64
 	tokensReturned atomic.Int64
 	tokensReserved atomic.Int64
+	tokensDebited  atomic.Int64
 	evictions      atomic.Int64
 	evictedAdmits  atomic.Int64
 	modeChanges    atomic.Int64
@@ -78,12 +84,14 @@ func (l *Limiter) Stats() Stats {
 		TokensLeased:   l.stats.tokensLeased.Load(),
 		TokensReturned: l.stats.tokensReturned.Load(),
 		TokensReserved: l.stats.tokensReserved.Load(),
+		TokensDebited:  l.stats.tokensDebited.Load(),
 		KeysTracked:    l.nkeys.Load(),
 		Evictions:      l.stats.evictions.Load(),
 		Mode:           l.Mode(),
 		ModeChanges:    l.stats.modeChanges.Load(),
 		PolicyChanges:  l.stats.policyChanges.Load(),
 		ClockOffset:    l.ClockOffset(),
+		FleetSize:      l.fleetSize(),
 	}
 	for i := range s.bySource {
 		s.bySource[i] = SourceStats{Admitted: l.stats.admitted[i].Load(), Rejected: l.stats.rejected[i].Load()}

@@ -134,3 +134,9 @@ func (l Limit) floorDuration(n int64) time.Duration {
 	d, _ := mulDiv(uint64(n), uint64(l.Period), uint64(l.Rate), false)
 	return time.Duration(d)
 }
+
+// Empty sets the bucket to hold no tokens at now: it refills from there at
+// its rate.
+func (b *Bucket) Empty(now int64) {
+	b.tat.Store(now + int64(b.lim.floorDuration(b.lim.Burst)))
+}

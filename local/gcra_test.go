@@ -305,3 +305,22 @@ func BenchmarkLeaseTake(b *testing.B) {
 		})
 	})
 }
+
+func TestEmptyRefillsFromZero(t *testing.T) {
+	t.Parallel()
+	b, err := NewBucket(Limit{Rate: 10, Period: time.Second, Burst: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := int64(time.Hour)
+	b.Empty(now)
+	if got := b.Tokens(now); got != 0 {
+		t.Fatalf("Tokens after Empty = %d, want 0", got)
+	}
+	if r, _ := b.TakeAt(now, 1); r.Allowed || r.RetryAfter != 100*time.Millisecond {
+		t.Fatalf("TakeAt after Empty = %+v, want rejected, retry 100ms", r)
+	}
+	if got := b.Tokens(now + int64(300*time.Millisecond)); got != 3 {
+		t.Fatalf("Tokens 300ms after Empty = %d, want 3", got)
+	}
+}

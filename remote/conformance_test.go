@@ -398,3 +398,16 @@ func flush(t *testing.T, c redis.UniversalClient) {
 	}
 	require.NoError(t, c.ScriptFlush(ctx).Err())
 }
+
+func TestCheckClient(t *testing.T) {
+	bad := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	good := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer bad.Close()
+	defer good.Close()
+	if err := NewRedis(bad).Check(); err == nil {
+		t.Error("Check() on a client without ContextTimeoutEnabled = nil")
+	}
+	if err := NewRedis(good).Check(); err != nil {
+		t.Errorf("Check() on a well-configured client = %v", err)
+	}
+}

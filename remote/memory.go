@@ -15,7 +15,8 @@ import (
 // A MemoryStore is safe for concurrent use. The zero value is not usable;
 // call NewMemory.
 type MemoryStore struct {
-	clk clock.Clock
+	clk   clock.Clock
+	fleet memFleet
 	mu  struct {
 		sync.Mutex
 		buckets map[string]memBucket

@@ -15,6 +15,11 @@ import (
 // (falling back to EVAL after SCRIPT FLUSH or on a fresh node), atomic per
 // bucket, with Redis TIME as the clock. Batch sends one pipeline per node.
 //
+// Build the client with ContextTimeoutEnabled: true. Without it go-redis
+// bounds an in-flight read by ReadTimeout (3 s by default, per retry), not
+// by the context, so a hung server holds each call far longer than the
+// store timeout; CheckClient reports the mistake and hybrid.New logs it.
+//
 // A RedisStore is safe for concurrent use. The zero value is not usable;
 // call NewRedis. It does not own the client: closing the client is the
 // caller's job.
@@ -35,6 +40,29 @@ func NewRedis(c redis.UniversalClient, opts ...RedisOption) *RedisStore {
 	}
 	return s
 }
+
+// CheckClient reports settings of c that keep the store from meeting its
+// deadlines, for the client types go-redis provides.
+func CheckClient(c redis.UniversalClient) error {
+	var enabled bool
+	switch c := c.(type) {
+	case *redis.Client:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		enabled = c.Options().ContextTimeoutEnabled
+	default:
+		return nil
+	}
+	if !enabled {
+		return errors.New("remote: go-redis client without ContextTimeoutEnabled: in-flight calls ignore deadlines and a hung Redis holds them for ReadTimeout")
+	}
+	return nil
+}
+
+// Check runs CheckClient on the store's client.
+func (s *RedisStore) Check() error { return CheckClient(s.c) }
 
 // Client returns the client the store runs on.
 func (s *RedisStore) Client() redis.UniversalClient { return s.c }

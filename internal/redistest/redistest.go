@@ -119,7 +119,8 @@ func NewServer(t testing.TB) *Server {
 // Client returns a new client of s, closed when the test ends.
 func (s *Server) Client(t testing.TB, opts ...func(*redis.Options)) *redis.Client {
 	t.Helper()
-	o := &redis.Options{Addr: s.Addr}
+	// Deadlines must reach in-flight reads, as leasehold's docs require.
+	o := &redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true}
 	for _, f := range opts {
 		f(o)
 	}
@@ -278,7 +279,7 @@ func (c *Cluster) Addrs() []string {
 // Client returns a new cluster client, closed when the test ends.
 func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	t.Helper()
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = cc.Close() })
 	return cc
 }

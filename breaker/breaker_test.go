@@ -1,0 +1,158 @@
+package breaker
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/local"
+	"github.com/leasehold/leasehold/remote"
+	"github.com/sony/gobreaker/v2"
+)
+
+// fake fails with ErrUnavailable while down, and sleeps delay per call.
+type fake struct {
+	remote.Store
+	down  atomic.Bool
+	delay atomic.Int64
+	calls atomic.Int64
+}
+
+func (f *fake) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
+	f.calls.Add(1)
+	time.Sleep(time.Duration(f.delay.Load())) // simulated store latency
+	if f.down.Load() {
+		return remote.Result{}, remote.ErrUnavailable
+	}
+	return f.Store.Lease(ctx, r)
+}
+
+var req = remote.Request{Policy: "p", Key: "k", Limit: local.PerSecond(1e6), N: 1}
+
+func newFake() (*fake, *Store) {
+	f := &fake{Store: remote.NewMemory(clock.Real())}
+	s := NewStore(f, Settings{Latency: 20 * time.Millisecond, MaxBackoff: 400 * time.Millisecond,
+		Breaker: gobreaker.Settings{Timeout: 50 * time.Millisecond}})
+	return f, s
+}
+
+func waitState(t *testing.T, s *Store, want gobreaker.State, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for s.State() != want {
+		if time.Since(start) > within {
+			t.Fatalf("state %v after %v, want %v", s.State(), within, want)
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
+	return time.Since(start)
+}
+
+func TestOpensOnErrorsAndFailsFast(t *testing.T) {
+	t.Parallel()
+	f, s := newFake()
+	ch := make(chan struct{}, 1)
+	defer s.Notify(ch)()
+	ctx := context.Background()
+	f.down.Store(true)
+	for i := 0; i < 3; i++ {
+		if _, err := s.Lease(ctx, req); !errors.Is(err, remote.ErrUnavailable) {
+			t.Fatalf("call %d: %v, want ErrUnavailable", i, err)
+		}
+	}
+	if got := s.State(); got != gobreaker.StateOpen {
+		t.Fatalf("after 3 failures state = %v, want open", got)
+	}
+	select {
+	case <-ch:
+	default:
+		t.Fatal("no notification of the state change")
+	}
+	before := f.calls.Load()
+	_, err := s.Lease(ctx, req)
+	if !errors.Is(err, ErrOpen) || !errors.Is(err, remote.ErrUnavailable) {
+		t.Fatalf("call on open breaker: %v, want ErrOpen and ErrUnavailable", err)
+	}
+	if f.calls.Load() != before {
+		t.Fatal("open breaker called the store")
+	}
+	// Recovery: the half-open probe succeeds and the breaker closes.
+	f.down.Store(false)
+	waitState(t, s, gobreaker.StateHalfOpen, time.Second)
+	if _, err := s.Lease(ctx, req); err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	if got := s.State(); got != gobreaker.StateClosed {
+		t.Fatalf("after a good probe state = %v, want closed", got)
+	}
+}
+
+func TestBadInputDoesNotTrip(t *testing.T) {
+	t.Parallel()
+	_, s := newFake()
+	bad := req
+	bad.Key = ""
+	for i := 0; i < 10; i++ {
+		if _, err := s.Lease(context.Background(), bad); !errors.Is(err, remote.ErrInvalidKey) {
+			t.Fatalf("bad input: %v", err)
+		}
+	}
+	if got := s.State(); got != gobreaker.StateClosed {
+		t.Fatalf("state after bad input = %v, want closed", got)
+	}
+}
+
+func TestOpensOnLatencyAlone(t *testing.T) {
+	t.Parallel()
+	f, s := newFake()
+	f.delay.Store(int64(30 * time.Millisecond)) // above the 20 ms threshold
+	for i := 0; i < 3; i++ {
+		res, err := s.Lease(context.Background(), req)
+		if err != nil || res.Granted != 1 {
+			t.Fatalf("slow call %d = %+v, %v; want a good answer", i, res, err)
+		}
+	}
+	if got := s.State(); got != gobreaker.StateOpen {
+		t.Fatalf("after 3 slow calls state = %v, want open", got)
+	}
+}
+
+func TestProbeBackoffDoubles(t *testing.T) {
+	t.Parallel()
+	f, s := newFake()
+	f.down.Store(true)
+	for i := 0; i < 3; i++ {
+		_, _ = s.Lease(context.Background(), req)
+	}
+	// Each failed probe doubles the wait: 50, 100, 200 ms, then capped 400.
+	var waits []time.Duration
+	for i := 0; i < 4; i++ {
+		waits = append(waits, waitState(t, s, gobreaker.StateHalfOpen, 2*time.Second))
+		if _, err := s.Lease(context.Background(), req); err == nil {
+			t.Fatal("probe succeeded against a down store")
+		}
+	}
+	for i, want := range []time.Duration{40, 90, 190, 390} {
+		if waits[i] < want*time.Millisecond {
+			t.Fatalf("wait before probe %d = %v, want ≥ %vms (all: %v)", i, waits[i], want, waits)
+		}
+	}
+}
+
+func TestFleetPassThrough(t *testing.T) {
+	t.Parallel()
+	s := NewStore(remote.NewMemory(clock.Real()), Settings{})
+	if !s.CanCountFleet() {
+		t.Fatal("MemoryStore behind a breaker cannot count its fleet")
+	}
+	n, err := s.Heartbeat(context.Background(), "", "p", "a", time.Second)
+	if err != nil || n != 1 {
+		t.Fatalf("Heartbeat = %d, %v", n, err)
+	}
+	if err := s.Leave(context.Background(), "", "p", "a"); err != nil {
+		t.Fatal(err)
+	}
+}
