@@ -269,3 +269,46 @@ func (s *Store) CanCountFleet() bool {
 	_, ok := s.next.(remote.Fleet)
 	return ok
 }
+
+var _ remote.Policies = (*Store)(nil)
+
+var errNoPolicies = errors.New("breaker: store does not implement remote.Policies")
+
+// SetPolicy implements remote.Policies through the breaker when the
+// wrapped store does.
+func (s *Store) SetPolicy(ctx context.Context, prefix, name string, rec remote.PolicyRecord) (cur remote.PolicyRecord, applied bool, err error) {
+	p, ok := s.next.(remote.Policies)
+	if !ok {
+		return remote.PolicyRecord{}, false, errNoPolicies
+	}
+	err = s.call(func() error { cur, applied, err = p.SetPolicy(ctx, prefix, name, rec); return err })
+	return cur, applied, err
+}
+
+// GetPolicy implements remote.Policies through the breaker when the
+// wrapped store does.
+func (s *Store) GetPolicy(ctx context.Context, prefix, name string) (rec remote.PolicyRecord, found bool, err error) {
+	p, ok := s.next.(remote.Policies)
+	if !ok {
+		return remote.PolicyRecord{}, false, errNoPolicies
+	}
+	err = s.call(func() error { rec, found, err = p.GetPolicy(ctx, prefix, name); return err })
+	return rec, found, err
+}
+
+// WatchPolicy implements remote.Policies when the wrapped store does. The
+// subscription is not a call and does not pass through the breaker.
+func (s *Store) WatchPolicy(ctx context.Context, prefix, name string) (<-chan struct{}, func(), error) {
+	p, ok := s.next.(remote.Policies)
+	if !ok {
+		return nil, nil, errNoPolicies
+	}
+	return p.WatchPolicy(ctx, prefix, name)
+}
+
+// KeepsPolicies reports whether the wrapped store implements
+// remote.Policies.
+func (s *Store) KeepsPolicies() bool {
+	_, ok := s.next.(remote.Policies)
+	return ok
+}

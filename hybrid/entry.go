@@ -167,6 +167,7 @@ func (l *Limiter) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome
 }
 
 func (l *Limiter) leaseFor(e *entry, need int64) (fetchOutcome, error) {
+	l.syncPolicyOnce()
 	p := l.pol.Load()
 	start := l.now()
 	// A flight that just ended may already have served this caller.
@@ -199,7 +200,7 @@ func (l *Limiter) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	l.observeClock(res, start, now)
 	if res.Stale {
 		l.learnVersion(res.Version)
-		return fetchOutcome{retry: time.Millisecond}, nil
+		return fetchOutcome{retry: staleRetry}, nil
 	}
 	e.resetAt.Store(now + int64(res.ResetAfter))
 	switch {

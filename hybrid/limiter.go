@@ -58,15 +58,16 @@ type Limiter struct {
 		items []reconcile.Item // debits and returns for the next sweep
 	}
 
-	ctx     context.Context // ends when Close begins; for background work
-	cancel  context.CancelFunc
-	offset  clock.Offset
-	recov   atomic.Bool
-	fleet   atomic.Int64  // live fleet size from heartbeats; 0 = unknown
-	newest  atomic.Uint64 // newest policy version a store reply named
-	lastOK  atomic.Int64  // mono ns of the last successful store reply
-	settler reconcile.Settler
-	id      string // this limiter's member name in the fleet set
+	ctx       context.Context // ends when Close begins; for background work
+	cancel    context.CancelFunc
+	offset    clock.Offset
+	recov     atomic.Bool
+	fleet     atomic.Int64  // live fleet size from heartbeats; 0 = unknown
+	newest    atomic.Uint64 // newest policy version a store reply named
+	lastOK    atomic.Int64  // mono ns of the last successful store reply
+	polSynced atomic.Bool   // the store's policy record has been read
+	settler   reconcile.Settler
+	id        string // this limiter's member name in the fleet set
 }
 
 // policyState is a Policy with everything derived from it, swapped
@@ -126,6 +127,11 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	l.goBackground(l.watchLoop)
 	if cfg.fleetSize == 0 && bs.CanCountFleet() {
 		l.goBackground(l.heartbeatLoop)
+	}
+	if bs.KeepsPolicies() {
+		l.goBackground(l.policyLoop)
+	} else {
+		l.polSynced.Store(true)
 	}
 	return l, nil
 }
@@ -220,6 +226,7 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 		return Decision{Limit: p.Limit}, ErrClosed
 	}
 	for attempt := 0; ; attempt++ {
+		p = l.pol.Load() // a store reply may have brought a newer policy
 		if ok, left := e.lease.Take(n); ok {
 			e.admits.Add(1)
 			if left < e.lowWater.Load() {

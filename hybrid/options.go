@@ -33,6 +33,7 @@ type config struct {
 	sweepInterval time.Duration
 	hbInterval    time.Duration
 	hbExpiry      time.Duration
+	policyPoll    time.Duration
 }
 
 func buildConfig(opts []Option) (config, error) {
@@ -47,6 +48,7 @@ func buildConfig(opts []Option) (config, error) {
 		outage:       OutageDegraded,
 		logger:       slog.Default(),
 		hbInterval:   time.Second,
+		policyPoll:   time.Second,
 	}
 	for _, o := range opts {
 		o.apply(&c)
@@ -73,6 +75,9 @@ func buildConfig(opts []Option) (config, error) {
 	}
 	if err := remote.ValidateKey(c.prefix, "p", "k"); err != nil {
 		return c, err
+	}
+	if c.policyPoll <= 0 {
+		return c, fmt.Errorf("hybrid: policy poll interval %v must be positive", c.policyPoll)
 	}
 	if c.hbInterval <= 0 {
 		return c, fmt.Errorf("hybrid: heartbeat interval %v must be positive", c.hbInterval)
@@ -163,4 +168,11 @@ func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.l
 // intervals).
 func WithHeartbeat(interval, expiry time.Duration) Option {
 	return optionFunc(func(c *config) { c.hbInterval, c.hbExpiry = interval, expiry })
+}
+
+// WithPolicyPoll sets how often the limiter reads its policy's record from
+// the store, in case a pushed change (pub/sub) was missed. The default is
+// 1 s.
+func WithPolicyPoll(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.policyPoll = d })
 }

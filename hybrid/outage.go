@@ -23,17 +23,6 @@ func (l *Limiter) ClockOffset() time.Duration {
 	return d
 }
 
-// learnVersion records that the store holds a newer policy version than
-// this limiter enforces.
-func (l *Limiter) learnVersion(v uint64) {
-	for {
-		cur := l.newest.Load()
-		if v <= cur || l.newest.CompareAndSwap(cur, v) {
-			return
-		}
-	}
-}
-
 // heartbeatLoop announces this limiter in the policy's fleet set every
 // heartbeat interval and keeps the live count. Failures keep the last count:
 // during an outage the fleet is as big as it was before.

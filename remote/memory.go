@@ -15,8 +15,9 @@ import (
 // A MemoryStore is safe for concurrent use. The zero value is not usable;
 // call NewMemory.
 type MemoryStore struct {
-	clk   clock.Clock
-	fleet memFleet
+	clk      clock.Clock
+	fleet    memFleet
+	policies memPolicies
 	mu  struct {
 		sync.Mutex
 		buckets map[string]memBucket

@@ -157,9 +157,9 @@ func scriptArgs(op Op, r *Request) (string, []any, error) {
 // ErrUnavailable. Context errors stay reachable through errors.Is.
 func classify(key string, err error) error {
 	if redis.HasErrorPrefix(err, "LEASEHOLD_CORRUPT") {
-		return fmt.Errorf("remote: bucket %q: %w: %w", key, ErrCorruptState, err)
+		return fmt.Errorf("remote: key %q: %w: %w", key, ErrCorruptState, err)
 	}
-	return fmt.Errorf("remote: bucket %q: %w: %w", key, ErrUnavailable, err)
+	return fmt.Errorf("remote: key %q: %w: %w", key, ErrUnavailable, err)
 }
 
 // parseReply reads the script's reply with checked conversions; every

@@ -1,0 +1,287 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// admissions records admission times of a fleet on one key.
+type admissions struct {
+	mu    sync.Mutex
+	times []time.Time
+}
+
+func (a *admissions) add(t time.Time) { a.mu.Lock(); a.times = append(a.times, t); a.mu.Unlock() }
+
+// maxWindow returns the most admissions in any window of width w that
+// starts at or after from (stepping by 10 ms), and where it starts.
+func (a *admissions) maxWindow(from, until time.Time, w time.Duration) (int, time.Time) {
+	a.mu.Lock()
+	ts := append([]time.Time(nil), a.times...)
+	a.mu.Unlock()
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	best, at := 0, from
+	for s := from; !s.Add(w).After(until); s = s.Add(10 * time.Millisecond) {
+		lo := sort.Search(len(ts), func(i int) bool { return !ts[i].Before(s) })
+		hi := sort.Search(len(ts), func(i int) bool { return !ts[i].Before(s.Add(w)) })
+		if hi-lo > best {
+			best, at = hi-lo, s
+		}
+	}
+	return best, at
+}
+
+func (a *admissions) between(from, to time.Time) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, t := range a.times {
+		if !t.Before(from) && t.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// drive offers each limiter perLimiter decisions per second on key until
+// ctx ends, recording admissions.
+func drive(ctx context.Context, lims []*Limiter, perLimiter float64, key string, adm *admissions) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, l := range lims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tk := time.NewTicker(time.Millisecond)
+			defer tk.Stop()
+			sent := int64(0)
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case now := <-tk.C:
+					for due := int64(now.Sub(start).Seconds() * perLimiter); sent < due; sent++ {
+						if l.Allow(context.Background(), key) {
+							adm.add(time.Now())
+						}
+					}
+				}
+			}
+		}()
+	}
+	return &wg
+}
+
+// heldTokens is what a fleet could still spend without asking the store:
+// leased tokens and pending reservations.
+func heldTokens(lims []*Limiter) (n int64) {
+	for _, l := range lims {
+		l.entries.Range(func(_, v any) bool {
+			e := v.(*entry)
+			n += e.lease.Tokens()
+			e.mu.Lock()
+			for _, r := range e.mu.pending {
+				n += r.n
+			}
+			e.mu.Unlock()
+			return true
+		})
+	}
+	return n
+}
+
+func policyFleet(t *testing.T, name string, n int, lim Limit) []*Limiter {
+	srv := redistest.Standalone(t)
+	p := Policy{Name: name + "-" + time.Now().Format("150405.000000"), Limit: lim, Version: 1}
+	return newFleet(t, n, p, func(t *testing.T) redis.UniversalClient { return srv.Client(t) })
+}
+
+// TestPolicyReduceUnderLoad: 8 limiters at 100/s Burst 100 under 3× demand;
+// one lowers the policy to 50/s Burst 50. From the moment SetPolicy
+// returns, no 1 s window admits more than 50 + what the fleet held already,
+// and windows starting one lease TTL later stay within the new exact bound.
+func TestPolicyReduceUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("5 s of load")
+	}
+	lims := policyFleet(t, "reduce", 8, Limit{Rate: 100, Period: time.Second, Burst: 100})
+	ctx, cancel := context.WithCancel(context.Background())
+	adm := &admissions{}
+	wg := drive(ctx, lims, 300.0/8, "k", adm) // 3× the limit in all
+	time.Sleep(2 * time.Second)               // load runs in real time
+	held := heldTokens(lims)
+	newLim := Limit{Rate: 50, Period: time.Second, Burst: 50}
+	p := lims[0].Policy()
+	p.Limit, p.Version = newLim, 2
+	require.NoError(t, lims[3].SetPolicy(context.Background(), p))
+	changed := time.Now()
+	time.Sleep(3 * time.Second)
+	cancel()
+	wg.Wait()
+	end := time.Now()
+	first, at := adm.maxWindow(changed, end, time.Second)
+	settled, at2 := adm.maxWindow(changed.Add(time.Second), end, time.Second)
+	t.Logf("held %d tokens at the change; busiest 1 s window after it: %d (at +%v); after one lease TTL: %d (at +%v)",
+		held, first, at.Sub(changed), settled, at2.Sub(changed))
+	for i, l := range lims {
+		if got := l.Policy(); got.Version != 2 || got.Limit != newLim {
+			t.Errorf("limiter %d on %+v, want version 2", i, got)
+		}
+	}
+	if int64(first) > newLim.Rate+held {
+		t.Errorf("a 1 s window after the change admitted %d > 50 + held %d", first, held)
+	}
+	if bound := newLim.Burst + newLim.TokensIn(time.Second); int64(settled) > bound {
+		t.Errorf("a 1 s window one TTL after the change admitted %d > new exact bound %d", settled, bound)
+	}
+}
+
+// TestPolicyRaise: the fleet reaches a raised rate within one poll interval.
+func TestPolicyRaise(t *testing.T) {
+	if testing.Short() {
+		t.Skip("4 s of load")
+	}
+	lims := policyFleet(t, "raise", 4, Limit{Rate: 100, Period: time.Second, Burst: 10})
+	ctx, cancel := context.WithCancel(context.Background())
+	adm := &admissions{}
+	wg := drive(ctx, lims, 150, "k", adm) // 600/s in all
+	time.Sleep(time.Second)
+	p := lims[0].Policy()
+	p.Limit, p.Version = Limit{Rate: 400, Period: time.Second, Burst: 40}, 2
+	require.NoError(t, lims[0].SetPolicy(context.Background(), p))
+	changed := time.Now()
+	time.Sleep(3 * time.Second)
+	cancel()
+	wg.Wait()
+	before := adm.between(changed.Add(-time.Second), changed)
+	after := adm.between(changed.Add(time.Second), changed.Add(2*time.Second))
+	t.Logf("admitted %d in the second before, %d in the second after one poll interval", before, after)
+	if after < 400*95/100 || after > 400+40 {
+		t.Fatalf("one poll interval after raising to 400/s the fleet admitted %d/s", after)
+	}
+}
+
+// TestPolicyRollingRollout: 10 limiters set the same new version at random
+// moments over 3 s, then two try the old version: all end on the new one,
+// the old-version calls get ErrStalePolicy, and no window exceeds the old
+// exact bound.
+func TestPolicyRollingRollout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("4 s of load")
+	}
+	old := Limit{Rate: 100, Period: time.Second, Burst: 20}
+	lims := policyFleet(t, "rollout", 10, old)
+	ctx, cancel := context.WithCancel(context.Background())
+	adm := &admissions{}
+	start := time.Now()
+	wg := drive(ctx, lims, 30, "k", adm) // 300/s in all
+	v2 := lims[0].Policy()
+	v2.Limit, v2.Version = Limit{Rate: 60, Period: time.Second, Burst: 10}, 2
+	var calls sync.WaitGroup
+	errs := make([]error, len(lims))
+	for i, l := range lims {
+		calls.Add(1)
+		go func() {
+			defer calls.Done()
+			time.Sleep(time.Duration(rand.Int64N(int64(3 * time.Second)))) // a random moment of the rollout
+			errs[i] = l.SetPolicy(context.Background(), v2)
+		}()
+	}
+	calls.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("limiter %d SetPolicy(v2) = %v, want nil (same policy, idempotent)", i, err)
+		}
+	}
+	v1 := v2
+	v1.Limit, v1.Version = old, 1
+	for _, l := range lims[:2] {
+		var stale *StalePolicyError
+		err := l.SetPolicy(context.Background(), v1)
+		if !errors.Is(err, ErrStalePolicy) || !errors.As(err, &stale) || stale.Current.Version != 2 {
+			t.Errorf("SetPolicy(v1) after the rollout = %v, want ErrStalePolicy naming version 2", err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	wg.Wait()
+	for i, l := range lims {
+		if got := l.Policy(); got != v2 {
+			t.Errorf("limiter %d on %+v, want %+v", i, got, v2)
+		}
+	}
+	worst, at := adm.maxWindow(start, time.Now(), time.Second)
+	bound := old.Burst + old.TokensIn(time.Second)
+	t.Logf("busiest 1 s window: %d at +%v, old exact bound %d", worst, at.Sub(start), bound)
+	if int64(worst) > bound {
+		t.Fatalf("a 1 s window admitted %d > old exact bound %d", worst, bound)
+	}
+}
+
+// TestPolicyStartStale: a limiter created with version 1 while Redis holds
+// version 3 enforces version 3 from its first decision that reaches Redis.
+func TestPolicyStartStale(t *testing.T) {
+	srv := redistest.Standalone(t)
+	dial := func(t *testing.T) redis.UniversalClient { return srv.Client(t) }
+	name := "stale-" + time.Now().Format("150405.000000")
+	v3 := Policy{Name: name, Limit: Limit{Rate: 10, Period: time.Hour, Burst: 10}, Version: 3}
+	newFleet(t, 1, v3, dial)[0].syncPolicyOnce() // publishes version 3
+	l := newFleet(t, 1, Policy{Name: name, Limit: PerSecond(1000), Version: 1}, dial)[0]
+	d, err := l.AllowN(context.Background(), "k", 1)
+	require.NoError(t, err)
+	if !d.Allowed || d.Limit != v3.Limit || l.Policy().Version != 3 {
+		t.Fatalf("first decision %+v under %+v, want version 3's limit", d, l.Policy())
+	}
+	admitted := 1
+	for i := 0; i < 50; i++ {
+		if l.Allow(context.Background(), "k") {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("admitted %d under version 3 (burst 10, 10/hour), want 10", admitted)
+	}
+}
+
+func TestSetPolicyBadInput(t *testing.T) {
+	t.Parallel()
+	w := newFakeWorld()
+	l := w.limiter(t, Policy{Name: "api", Limit: PerSecond(10), Version: 2})
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		p    Policy
+		want error
+	}{
+		{"version 0", Policy{Name: "api", Limit: PerSecond(5)}, ErrInvalidPolicy},
+		{"empty name", Policy{Limit: PerSecond(5), Version: 3}, ErrInvalidPolicy},
+		{"other name", Policy{Name: "other", Limit: PerSecond(5), Version: 3}, ErrInvalidPolicy},
+		{"invalid limit", Policy{Name: "api", Limit: Limit{Rate: 5}, Version: 3}, ErrInvalidLimit},
+		{"older version", Policy{Name: "api", Limit: PerSecond(5), Version: 1}, ErrStalePolicy},
+		{"same version, other limit", Policy{Name: "api", Limit: PerSecond(5), Version: 2}, ErrStalePolicy},
+	} {
+		if err := l.SetPolicy(ctx, c.p); !errors.Is(err, c.want) {
+			t.Errorf("SetPolicy(%s) = %v, want %v", c.name, err, c.want)
+		}
+	}
+	if err := l.SetPolicy(ctx, l.Policy()); err != nil {
+		t.Errorf("SetPolicy(policy in force) = %v, want nil", err)
+	}
+	next := Policy{Name: "api", Limit: PerSecond(5), Version: 3}
+	require.NoError(t, l.SetPolicy(ctx, next))
+	if l.Policy() != next || l.Stats().PolicyChanges != 1 {
+		t.Fatalf("after SetPolicy: %+v, %d changes", l.Policy(), l.Stats().PolicyChanges)
+	}
+	// Another limiter of the same store converges on the push.
+	other := w.limiter(t, Policy{Name: "api", Limit: PerSecond(10), Version: 2})
+	eventually(t, "the other limiter to adopt version 3", func() bool { return other.Policy() == next })
+}

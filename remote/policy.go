@@ -1,0 +1,245 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/leasehold/leasehold/local"
+	"github.com/redis/go-redis/v9"
+)
+
+// PolicyRecord is a policy version as the store keeps it.
+type PolicyRecord struct {
+	Version uint64
+	Limit   local.Limit
+}
+
+// Policies is implemented by stores that keep the current version of each
+// policy, so that every limiter of a fleet converges on it. Both stores
+// implement it.
+type Policies interface {
+	// SetPolicy stores rec if its version is above the stored one, atomically,
+	// and tells watchers. It returns the record in force afterwards and
+	// whether rec was stored.
+	SetPolicy(ctx context.Context, prefix, name string, rec PolicyRecord) (PolicyRecord, bool, error)
+	// GetPolicy returns the stored record; ok is false if there is none.
+	GetPolicy(ctx context.Context, prefix, name string) (rec PolicyRecord, ok bool, err error)
+	// WatchPolicy returns a channel that receives after every stored
+	// change (it may coalesce), and a func that stops watching and waits
+	// for the watcher's goroutine to end.
+	WatchPolicy(ctx context.Context, prefix, name string) (<-chan struct{}, func(), error)
+}
+
+var (
+	_ Policies = (*RedisStore)(nil)
+	_ Policies = (*MemoryStore)(nil)
+)
+
+// setPolicyLua stores a policy record if its version is newer.
+// KEYS[1] the policy key; ARGV: version, rate, period µs, burst.
+// The record is the string "version rate period_us burst"; it has no TTL:
+// a policy outlives idle buckets.
+// Reply: {applied (0/1), stored record string}.
+// Every applied change is PUBLISHed on the policy key's name.
+var setPolicyLua = `
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' and cur.err then
+  return redis.error_reply('LEASEHOLD_CORRUPT ' .. cur.err)
+end
+if cur then
+  local vs = string.match(cur, '^(%d+) %d+ %d+ %d+$')
+  if not vs then return redis.error_reply('LEASEHOLD_CORRUPT policy record') end
+  local v = tonumber(vs)
+  if v >= tonumber(ARGV[1]) then return {0, cur} end
+end
+local rec = ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]
+redis.call('SET', KEYS[1], rec)
+redis.call('PUBLISH', KEYS[1], rec)
+return {1, rec}
+`
+
+var setPolicyScript = redis.NewScript(setPolicyLua)
+
+func validatePolicyRecord(prefix, name string, rec PolicyRecord) error {
+	if err := validateKey(prefix, name, "policy"); err != nil {
+		return err
+	}
+	if rec.Version == 0 || rec.Version > MaxVersion {
+		return fmt.Errorf("%w: version %d outside [1, %d]", ErrInvalidPolicy, rec.Version, MaxVersion)
+	}
+	return rec.Limit.Validate()
+}
+
+func encodePolicy(rec PolicyRecord) string {
+	return fmt.Sprintf("%d %d %d %d", rec.Version, rec.Limit.Rate, rec.Limit.Period/time.Microsecond, rec.Limit.Burst)
+}
+
+func decodePolicy(key, s string) (PolicyRecord, error) {
+	f := strings.Fields(s)
+	if len(f) != 4 {
+		return PolicyRecord{}, fmt.Errorf("remote: policy %q: %w: record %q", key, ErrCorruptState, s)
+	}
+	var n [4]int64
+	for i, x := range f {
+		v, err := strconv.ParseInt(x, 10, 64)
+		if err != nil || v <= 0 {
+			return PolicyRecord{}, fmt.Errorf("remote: policy %q: %w: record %q", key, ErrCorruptState, s)
+		}
+		n[i] = v
+	}
+	if n[2] > int64(local.MaxTimeToFull/time.Microsecond) {
+		return PolicyRecord{}, fmt.Errorf("remote: policy %q: %w: period in %q", key, ErrCorruptState, s)
+	}
+	rec := PolicyRecord{Version: uint64(n[0]), Limit: local.Limit{Rate: n[1], Period: time.Duration(n[2]) * time.Microsecond, Burst: n[3]}}
+	if err := rec.Limit.Validate(); err != nil {
+		return PolicyRecord{}, fmt.Errorf("remote: policy %q: %w: %w", key, ErrCorruptState, err)
+	}
+	return rec, nil
+}
+
+// SetPolicy implements Policies.
+func (s *RedisStore) SetPolicy(ctx context.Context, prefix, name string, rec PolicyRecord) (PolicyRecord, bool, error) {
+	if err := validatePolicyRecord(prefix, name, rec); err != nil {
+		return PolicyRecord{}, false, err
+	}
+	key := PolicyKey(prefix, name)
+	v, err := setPolicyScript.Run(ctx, s.c, []string{key}, rec.Version, rec.Limit.Rate, int64(rec.Limit.Period/time.Microsecond), rec.Limit.Burst).Slice()
+	if err != nil {
+		return PolicyRecord{}, false, classify(key, err)
+	}
+	if len(v) != 2 {
+		return PolicyRecord{}, false, fmt.Errorf("remote: policy %q: %w: reply %v", key, ErrCorruptState, v)
+	}
+	applied, _ := v[0].(int64)
+	str, _ := v[1].(string)
+	cur, err := decodePolicy(key, str)
+	return cur, applied == 1, err
+}
+
+// GetPolicy implements Policies.
+func (s *RedisStore) GetPolicy(ctx context.Context, prefix, name string) (PolicyRecord, bool, error) {
+	if err := validateKey(prefix, name, "policy"); err != nil {
+		return PolicyRecord{}, false, err
+	}
+	key := PolicyKey(prefix, name)
+	str, err := s.c.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
+		return PolicyRecord{}, false, nil
+	}
+	if err != nil {
+		if redis.HasErrorPrefix(err, "WRONGTYPE") {
+			return PolicyRecord{}, false, fmt.Errorf("remote: policy %q: %w: %w", key, ErrCorruptState, err)
+		}
+		return PolicyRecord{}, false, classify(key, err)
+	}
+	rec, err := decodePolicy(key, str)
+	return rec, err == nil, err
+}
+
+// WatchPolicy implements Policies with Redis pub/sub on the policy key's
+// name (Cluster broadcasts it to every node).
+func (s *RedisStore) WatchPolicy(ctx context.Context, prefix, name string) (<-chan struct{}, func(), error) {
+	if err := validateKey(prefix, name, "policy"); err != nil {
+		return nil, nil, err
+	}
+	ps := s.c.Subscribe(ctx, PolicyKey(prefix, name))
+	out := make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range ps.Channel() {
+			select {
+			case out <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = ps.Close()
+			<-done
+		})
+	}
+	return out, stop, nil
+}
+
+type memPolicies struct {
+	mu       sync.Mutex
+	records  map[string]PolicyRecord
+	watchers map[string]map[chan struct{}]struct{}
+}
+
+// SetPolicy implements Policies.
+func (s *MemoryStore) SetPolicy(ctx context.Context, prefix, name string, rec PolicyRecord) (PolicyRecord, bool, error) {
+	if err := validatePolicyRecord(prefix, name, rec); err != nil {
+		return PolicyRecord{}, false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return PolicyRecord{}, false, err
+	}
+	key := PolicyKey(prefix, name)
+	p := &s.policies
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cur, ok := p.records[key]; ok && cur.Version >= rec.Version {
+		return cur, false, nil
+	}
+	if p.records == nil {
+		p.records = map[string]PolicyRecord{}
+	}
+	p.records[key] = rec
+	for ch := range p.watchers[key] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	return rec, true, nil
+}
+
+// GetPolicy implements Policies.
+func (s *MemoryStore) GetPolicy(ctx context.Context, prefix, name string) (PolicyRecord, bool, error) {
+	if err := validateKey(prefix, name, "policy"); err != nil {
+		return PolicyRecord{}, false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return PolicyRecord{}, false, err
+	}
+	s.policies.mu.Lock()
+	defer s.policies.mu.Unlock()
+	rec, ok := s.policies.records[PolicyKey(prefix, name)]
+	return rec, ok, nil
+}
+
+// WatchPolicy implements Policies; notifications are delivered
+// synchronously by SetPolicy, so no goroutine is involved.
+func (s *MemoryStore) WatchPolicy(_ context.Context, prefix, name string) (<-chan struct{}, func(), error) {
+	if err := validateKey(prefix, name, "policy"); err != nil {
+		return nil, nil, err
+	}
+	key := PolicyKey(prefix, name)
+	ch := make(chan struct{}, 1)
+	p := &s.policies
+	p.mu.Lock()
+	if p.watchers == nil {
+		p.watchers = map[string]map[chan struct{}]struct{}{}
+	}
+	if p.watchers[key] == nil {
+		p.watchers[key] = map[chan struct{}]struct{}{}
+	}
+	p.watchers[key][ch] = struct{}{}
+	p.mu.Unlock()
+	stop := func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		delete(p.watchers[key], ch)
+	}
+	return ch, stop, nil
+}

@@ -1,0 +1,93 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/local"
+	"github.com/stretchr/testify/require"
+)
+
+func TestPolicyRecordsEverywhere(t *testing.T) {
+	ctx := context.Background()
+	v1 := PolicyRecord{Version: 1, Limit: local.PerSecond(100)}
+	v2 := PolicyRecord{Version: 2, Limit: local.Limit{Rate: 50, Period: time.Minute, Burst: 5}}
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ps := be.store.(Policies)
+			name := "pol-" + be.name + time.Now().Format("150405.000000")
+			if _, ok, err := ps.GetPolicy(ctx, "", name); err != nil || ok {
+				t.Fatalf("GetPolicy on nothing = %v, %v", ok, err)
+			}
+			watch, stop, err := ps.WatchPolicy(ctx, "", name)
+			require.NoError(t, err)
+			defer stop()
+			time.Sleep(50 * time.Millisecond) // let a real SUBSCRIBE land before publishing
+			cur, applied, err := ps.SetPolicy(ctx, "", name, v2)
+			require.NoError(t, err)
+			if !applied || cur != v2 {
+				t.Fatalf("SetPolicy(v2) = %+v, %v", cur, applied)
+			}
+			select {
+			case <-watch:
+			case <-time.After(5 * time.Second):
+				t.Fatal("no change notification")
+			}
+			cur, applied, err = ps.SetPolicy(ctx, "", name, v1)
+			require.NoError(t, err)
+			if applied || cur != v2 {
+				t.Fatalf("SetPolicy(v1) over v2 = %+v, %v; want v2, not applied", cur, applied)
+			}
+			got, ok, err := ps.GetPolicy(ctx, "", name)
+			if err != nil || !ok || got != v2 {
+				t.Fatalf("GetPolicy = %+v, %v, %v", got, ok, err)
+			}
+			if _, _, err := ps.SetPolicy(ctx, "", name, PolicyRecord{Limit: v1.Limit}); !errors.Is(err, ErrInvalidPolicy) {
+				t.Fatalf("SetPolicy(version 0) = %v, want ErrInvalidPolicy", err)
+			}
+			if _, _, err := ps.SetPolicy(ctx, "", "", v1); !errors.Is(err, ErrInvalidPolicy) {
+				t.Fatalf("SetPolicy(empty name) = %v, want ErrInvalidPolicy", err)
+			}
+			if be.client != nil {
+				require.NoError(t, be.client.Set(ctx, PolicyKey("", name), "garbage", 0).Err())
+				if _, _, err := ps.GetPolicy(ctx, "", name); !errors.Is(err, ErrCorruptState) {
+					t.Fatalf("GetPolicy on garbage = %v, want ErrCorruptState", err)
+				}
+				if _, _, err := ps.SetPolicy(ctx, "", name, v2); !errors.Is(err, ErrCorruptState) {
+					t.Fatalf("SetPolicy over garbage = %v, want ErrCorruptState", err)
+				}
+			}
+		})
+	}
+}
+
+func TestFleetHeartbeatsEverywhere(t *testing.T) {
+	ctx := context.Background()
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			f := be.store.(Fleet)
+			name := "fleet-" + be.name + time.Now().Format("150405.000000")
+			const expiry = 200 * time.Millisecond
+			for i, m := range []string{"a", "b", "c"} {
+				n, err := f.Heartbeat(ctx, "", name, m, expiry)
+				require.NoError(t, err)
+				if n != i+1 {
+					t.Fatalf("Heartbeat(%s) = %d, want %d", m, n, i+1)
+				}
+			}
+			require.NoError(t, f.Leave(ctx, "", name, "c"))
+			if n, _ := f.Heartbeat(ctx, "", name, "a", expiry); n != 2 {
+				t.Fatalf("after Leave(c): %d members, want 2", n)
+			}
+			be.advance(expiry + 50*time.Millisecond) // b falls silent
+			if n, _ := f.Heartbeat(ctx, "", name, "a", expiry); n != 1 {
+				t.Fatalf("after b's expiry: %d members, want 1", n)
+			}
+			if _, err := f.Heartbeat(ctx, "", name, "", expiry); !errors.Is(err, ErrInvalidKey) {
+				t.Fatalf("Heartbeat(empty member) = %v, want ErrInvalidKey", err)
+			}
+		})
+	}
+}
