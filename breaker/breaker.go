@@ -29,10 +29,11 @@ var errSlow = errors.New("breaker: slow call")
 
 // Settings configures a Store. Zero fields take the documented defaults.
 type Settings struct {
-	// Breaker is passed to gobreaker unchanged, except that Name defaults
-	// to "leasehold", Timeout (open → half-open) defaults to 200 ms,
-	// ReadyToTrip defaults to 3 consecutive failures, and OnStateChange
-	// is wrapped so that Store's subscribers hear of changes too.
+	// Breaker is passed to gobreaker, except that Name defaults to
+	// "leasehold", ReadyToTrip defaults to 3 consecutive failures,
+	// OnStateChange is wrapped so that Store's subscribers hear of changes
+	// too, and Timeout (the open period before the first half-open probe,
+	// default 200 ms) is kept on Clock by this package.
 	Breaker gobreaker.Settings
 	// Latency is the slowest a successful call may be before it counts as
 	// a failure. The default is 500 ms.
@@ -40,6 +41,9 @@ type Settings struct {
 	// MaxBackoff caps the wait between half-open probes, which doubles
 	// from Breaker.Timeout after each failed probe. The default is 1 s.
 	MaxBackoff time.Duration
+	// Clock times the open state, probe backoff and call latency. The
+	// default is the system clock; the simulator passes a virtual one.
+	Clock clock.Clock
 }
 
 // Store is a remote.Store behind a circuit breaker. It is safe for
@@ -50,8 +54,10 @@ type Store struct {
 	latency time.Duration
 	timeout time.Duration
 	maxBack time.Duration
-	// clk is the system clock: gobreaker reads it for its own timeouts,
-	// and probe backoff and latency must agree with them.
+	// clk decides how long the breaker stays open. gobreaker reads the
+	// system clock, so it is given a 1 ns open state and this package
+	// holds a half-open breaker "open" until nextProbe on clk: the open
+	// period follows whatever clock the caller runs on.
 	clk clock.Clock
 
 	nextProbe atomic.Int64 // unix ns before which a half-open breaker is treated as open
@@ -72,6 +78,9 @@ func NewStore(next remote.Store, st Settings) *Store {
 	if st.MaxBackoff <= 0 {
 		st.MaxBackoff = time.Second
 	}
+	if st.Clock == nil {
+		st.Clock = clock.Real()
+	}
 	bs := st.Breaker
 	if bs.Name == "" {
 		bs.Name = "leasehold"
@@ -82,7 +91,7 @@ func NewStore(next remote.Store, st Settings) *Store {
 	if bs.ReadyToTrip == nil {
 		bs.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 3 }
 	}
-	s := &Store{next: next, latency: st.Latency, timeout: bs.Timeout, maxBack: st.MaxBackoff, clk: clock.Real(), subs: map[chan<- struct{}]struct{}{}}
+	s := &Store{next: next, latency: st.Latency, timeout: bs.Timeout, maxBack: st.MaxBackoff, clk: st.Clock, subs: map[chan<- struct{}]struct{}{}}
 	s.backoff.Store(int64(bs.Timeout))
 	userIsSuccessful := bs.IsSuccessful
 	bs.IsSuccessful = func(err error) bool {
@@ -105,6 +114,7 @@ func NewStore(next remote.Store, st Settings) *Store {
 			userChange(name, from, to)
 		}
 	}
+	bs.Timeout = time.Nanosecond // see Store.clk
 	s.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](bs)
 	return s
 }
@@ -298,12 +308,12 @@ func (s *Store) GetPolicy(ctx context.Context, prefix, name string) (rec remote.
 
 // WatchPolicy implements remote.Policies when the wrapped store does. The
 // subscription is not a call and does not pass through the breaker.
-func (s *Store) WatchPolicy(ctx context.Context, prefix, name string) (<-chan struct{}, func(), error) {
+func (s *Store) WatchPolicy(ctx context.Context, prefix, name string, changed func()) (func(), error) {
 	p, ok := s.next.(remote.Policies)
 	if !ok {
-		return nil, nil, errNoPolicies
+		return nil, errNoPolicies
 	}
-	return p.WatchPolicy(ctx, prefix, name)
+	return p.WatchPolicy(ctx, prefix, name, changed)
 }
 
 // KeepsPolicies reports whether the wrapped store implements

@@ -156,3 +156,28 @@ func TestFleetPassThrough(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestOpenPeriodFollowsTheClock: on a manual clock the breaker stays open
+// until the clock, not the wall, passes the open period.
+func TestOpenPeriodFollowsTheClock(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(time.Unix(0, 0))
+	f := &fake{Store: remote.NewMemory(clk)}
+	s := NewStore(f, Settings{Clock: clk, Breaker: gobreaker.Settings{Timeout: time.Second}})
+	f.down.Store(true)
+	for i := 0; i < 3; i++ {
+		_, _ = s.Lease(context.Background(), req)
+	}
+	time.Sleep(20 * time.Millisecond) // wall time passes; the breaker must not care
+	if got := s.State(); got != gobreaker.StateOpen {
+		t.Fatalf("state = %v before the clock moved, want open", got)
+	}
+	clk.Advance(999 * time.Millisecond)
+	if got := s.State(); got != gobreaker.StateOpen {
+		t.Fatalf("state = %v at 999ms, want open", got)
+	}
+	clk.Advance(time.Millisecond)
+	if got := s.State(); got != gobreaker.StateHalfOpen {
+		t.Fatalf("state = %v at 1s, want half-open", got)
+	}
+}

@@ -117,10 +117,10 @@ func (l *Limiter) refillAsync(e *entry) {
 	if e.pendingUntil.Load() != 0 || !e.refilling.CompareAndSwap(false, true) {
 		return
 	}
-	if !l.goBackground(func() {
+	if l.after(0, func() {
 		defer e.refilling.Store(false)
 		_, _ = l.fetch(context.Background(), e, 0)
-	}) {
+	}) == nil {
 		e.refilling.Store(false)
 	}
 }
@@ -241,8 +241,8 @@ func (l *Limiter) reserve(e *entry, n int64, delay time.Duration, now int64) {
 	e.mu.Lock()
 	e.mu.pending = append(e.mu.pending, r)
 	e.setPendingUntilLocked()
-	// Scheduling under e.mu: a Manual clock may run the callback at once,
-	// and it takes e.mu, so it waits until r.timer is set.
+	// Scheduled under e.mu: the callback takes e.mu, so it cannot run
+	// before r.timer is set (delay > 0, so it never runs inline).
 	r.timer = l.cfg.clk.AfterFunc(delay, func() {
 		defer l.life.wg.Done()
 		e.mu.Lock()

@@ -49,9 +49,12 @@ type Limiter struct {
 		wg     sync.WaitGroup // every background goroutine and pending timer
 	}
 	stop     chan struct{}
-	wake     chan struct{} // asks the sweeper for an early pass
-	notify   chan struct{} // breaker state changes
-	unnotify func()
+	tickers  []*ticker // set in New, stopped by Close
+	sweeper  *ticker
+	unwatch  func() // stops policy pushes
+	seenGen  atomic.Uint64
+	modeMu   sync.Mutex              // serializes mode transitions
+	settling func() []reconcile.Item // cancels a running settlement; guarded by modeMu
 
 	returns struct {
 		sync.Mutex
@@ -105,17 +108,15 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 		bs = breaker.NewStore(store, breaker.Settings{})
 	}
 	l := &Limiter{
-		store:  bs,
-		cfg:    cfg,
-		epoch:  cfg.clk.Now(),
-		stop:   make(chan struct{}),
-		wake:   make(chan struct{}, 1),
-		notify: make(chan struct{}, 1),
+		store: bs,
+		cfg:   cfg,
+		epoch: cfg.clk.Now(),
+		stop:  make(chan struct{}),
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
-	l.settler = reconcile.Settler{Store: bs, Clock: cfg.clk}
+	l.settler = reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.after}
 	l.pol.Store(newPolicyState(p, cfg.maxFraction))
-	l.unnotify = bs.Notify(l.notify)
+	l.seenGen.Store(bs.Generation())
 	l.mode.Store(int32(l.modeFromBreaker()))
 	l.id = newMemberID()
 	if rs, ok := bs.Unwrap().(interface{ Check() error }); ok {
@@ -123,13 +124,13 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 			cfg.logger.Warn("leasehold: store misconfigured", slog.String("error", err.Error()))
 		}
 	}
-	l.goBackground(l.sweepLoop)
-	l.goBackground(l.watchLoop)
+	l.sweeper = l.tick(cfg.sweepInterval, cfg.sweepInterval, l.sweep)
 	if cfg.fleetSize == 0 && bs.CanCountFleet() {
-		l.goBackground(l.heartbeatLoop)
+		l.tick(0, cfg.hbInterval, l.heartbeat)
 	}
 	if bs.KeepsPolicies() {
-		l.goBackground(l.policyLoop)
+		l.watchPolicy()
+		l.tick(0, cfg.policyPoll, l.pollPolicy)
 	} else {
 		l.polSynced.Store(true)
 	}
@@ -240,6 +241,7 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 			return Decision{Allowed: true, Limit: p.Limit, Remaining: left, ResetAfter: e.resetAfter(l.now()), Source: src}, nil
 		}
 		now := l.now()
+		l.checkBreaker()
 		switch l.store.State() {
 		case gobreaker.StateOpen:
 			return l.outage(e, p, n, now), nil
@@ -347,10 +349,11 @@ func (l *Limiter) entryFor(key string) *entry {
 // breaker is open, ModeRecovering while outage accounts are settled,
 // ModeHealthy otherwise.
 func (l *Limiter) Mode() Mode {
-	if l.recovering() {
+	m := l.modeFromBreaker()
+	if m == ModeHealthy && l.recovering() {
 		return ModeRecovering
 	}
-	return l.modeFromBreaker()
+	return m
 }
 
 func (l *Limiter) modeFromBreaker() Mode {
@@ -358,19 +361,6 @@ func (l *Limiter) modeFromBreaker() Mode {
 		return ModeHealthy
 	}
 	return ModeDegraded
-}
-
-// goBackground runs f in a goroutine that Close waits for. It returns false
-// (and does not run f) once Close has begun.
-func (l *Limiter) goBackground(f func()) bool {
-	if !l.enterBackground() {
-		return false
-	}
-	go func() {
-		defer l.life.wg.Done()
-		f()
-	}()
-	return true
 }
 
 func (l *Limiter) enterBackground() bool {
@@ -396,7 +386,19 @@ func (l *Limiter) Close(ctx context.Context) error {
 	l.life.Unlock()
 	close(l.stop)
 	l.cancel()
-	l.unnotify()
+	for _, tk := range l.tickers {
+		tk.stop()
+	}
+	if l.unwatch != nil {
+		l.unwatch()
+	}
+	l.modeMu.Lock()
+	if l.settling != nil {
+		for _, it := range l.settling() {
+			l.queue(it)
+		}
+	}
+	l.modeMu.Unlock()
 	var items []reconcile.Item
 	l.entries.Range(func(_, v any) bool {
 		items = append(items, l.closeEntry(v.(*entry))...)
@@ -484,33 +486,36 @@ func (l *Limiter) logMode(from, to Mode) {
 		slog.String("policy", l.pol.Load().Name), slog.String("from", from.String()), slog.String("to", to.String()))
 }
 
-// watchLoop follows breaker state changes: it logs mode changes and, when
-// the store comes back, settles outage accounts before reporting Healthy.
-func (l *Limiter) watchLoop() {
-	for {
-		select {
-		case <-l.stop:
-			return
-		case <-l.notify:
-		}
-		l.onBreakerChange()
+// checkBreaker notices breaker state changes (by generation, one atomic
+// load) on the slow path and at every sweep, and handles them.
+func (l *Limiter) checkBreaker() {
+	if g := l.store.Generation(); g != l.seenGen.Load() {
+		l.onBreakerChange(g)
 	}
 }
 
-func (l *Limiter) onBreakerChange() {
-	prev := Mode(l.mode.Load())
-	now := l.modeFromBreaker()
-	if now == ModeHealthy && prev != ModeHealthy && l.hasOutageDebt() {
-		l.setRecovering(true)
-		l.mode.Store(int32(ModeRecovering))
-		l.logMode(prev, ModeRecovering)
-		l.settle()
-		l.setRecovering(false)
-		prev = ModeRecovering
-		now = l.modeFromBreaker()
+// onBreakerChange logs mode changes and, when the store comes back after
+// an outage that left accounts open, settles them (ModeRecovering) before
+// reporting Healthy.
+func (l *Limiter) onBreakerChange(gen uint64) {
+	l.modeMu.Lock()
+	defer l.modeMu.Unlock()
+	l.seenGen.Store(gen)
+	prev, now := Mode(l.mode.Load()), l.modeFromBreaker()
+	if prev == ModeRecovering && now == ModeHealthy {
+		return // the settlement in progress reports the end of recovery
 	}
-	if now != prev {
-		l.mode.Store(int32(now))
-		l.logMode(prev, now)
+	if now == ModeHealthy && prev == ModeDegraded && l.hasOutageDebt() && l.settling == nil {
+		l.setModeLocked(ModeRecovering)
+		l.startSettleLocked()
+		return
+	}
+	l.setModeLocked(now)
+}
+
+func (l *Limiter) setModeLocked(m Mode) {
+	prev := Mode(l.mode.Swap(int32(m)))
+	if prev != m {
+		l.logMode(prev, m)
 	}
 }

@@ -23,22 +23,9 @@ func (l *Limiter) ClockOffset() time.Duration {
 	return d
 }
 
-// heartbeatLoop announces this limiter in the policy's fleet set every
-// heartbeat interval and keeps the live count. Failures keep the last count:
-// during an outage the fleet is as big as it was before.
-func (l *Limiter) heartbeatLoop() {
-	for {
-		l.heartbeat()
-		t := l.cfg.clk.NewTimer(l.cfg.hbInterval)
-		select {
-		case <-l.stop:
-			t.Stop()
-			return
-		case <-t.C():
-		}
-	}
-}
-
+// heartbeat announces this limiter in the policy's fleet set (every
+// heartbeat interval) and keeps the live count. Failures keep the last
+// count: during an outage the fleet is as big as it was before.
 func (l *Limiter) heartbeat() {
 	if l.Mode() == ModeDegraded {
 		return // the breaker is open: do not add to the store's load
@@ -83,10 +70,11 @@ func (l *Limiter) hasOutageDebt() bool {
 	return len(l.returns.items) > 0
 }
 
-// settle charges what the outage admitted and gives back queued tokens,
-// through the reconcile package: jittered, paced, batched. What the store
-// could not take stays queued for the sweeper or the next recovery.
-func (l *Limiter) settle() {
+// startSettleLocked charges what the outage admitted and gives back queued
+// tokens, through the reconcile package: jittered, paced, batched, each
+// step a callback of the limiter's clock. What the store could not take
+// stays queued for the sweeper or the next recovery. Requires l.modeMu.
+func (l *Limiter) startSettleLocked() {
 	p := l.pol.Load()
 	now := l.now()
 	var items []reconcile.Item
@@ -98,9 +86,16 @@ func (l *Limiter) settle() {
 		return true
 	})
 	items = append(items, l.takeQueued()...)
-	rep, _ := l.settler.Run(l.ctx, items)
-	l.account(len(items), rep)
-	l.requeue(rep.Failed)
+	l.setRecovering(true)
+	l.settling = l.settler.Start(items, func(rep reconcile.Report) {
+		l.account(len(items), rep)
+		l.requeue(rep.Failed)
+		l.modeMu.Lock()
+		defer l.modeMu.Unlock()
+		l.settling = nil
+		l.setRecovering(false)
+		l.setModeLocked(l.modeFromBreaker())
+	})
 }
 
 // unpaid is the part of admitted (tokens a key admitted while the store

@@ -15,24 +15,11 @@ const idleSweepsBeforeEvict = 8
 // early.
 const maxQueuedReturns = 4096
 
-// sweepLoop gives back expired leases, forgets idle keys and flushes the
-// give-back queue, every sweep interval on the limiter's clock.
-func (l *Limiter) sweepLoop() {
-	for {
-		t := l.cfg.clk.NewTimer(l.cfg.sweepInterval)
-		select {
-		case <-l.stop:
-			t.Stop()
-			return
-		case <-l.wake:
-			t.Stop()
-		case <-t.C():
-		}
-		l.sweep()
-	}
-}
-
+// sweep gives back expired leases, forgets idle keys, notices breaker
+// changes and flushes the give-back queue; it runs every sweep interval on
+// the limiter's clock.
 func (l *Limiter) sweep() {
+	l.checkBreaker()
 	now := l.now()
 	var rets []reconcile.Item
 	l.entries.Range(func(_, v any) bool {
@@ -52,15 +39,23 @@ func (l *Limiter) sweep() {
 		}
 		return true
 	})
-	rets = append(rets, l.takeQueued()...)
-	if len(rets) == 0 || l.Mode() != ModeHealthy {
-		// While degraded or recovering, the reconciler settles them.
-		l.requeue(rets)
+	l.requeue(rets)
+	l.flushQueued()
+}
+
+// flushQueued sends the give-back queue while healthy; while degraded or
+// recovering the reconciler settles it.
+func (l *Limiter) flushQueued() {
+	if l.Mode() != ModeHealthy {
 		return
 	}
-	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.storeTimeout*4)
+	items := l.takeQueued()
+	if len(items) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.refillTimeout)
 	defer cancel()
-	l.requeue(l.send(ctx, rets).Failed)
+	l.requeue(l.send(ctx, items).Failed)
 }
 
 // evict forgets e: its lease is closed so racing takers fail over to a new
@@ -110,10 +105,7 @@ func (l *Limiter) queue(items ...reconcile.Item) {
 	full := len(l.returns.items) >= maxQueuedReturns
 	l.returns.Unlock()
 	if full {
-		select {
-		case l.wake <- struct{}{}:
-		default:
-		}
+		l.after(0, l.flushQueued)
 	}
 }
 

@@ -92,10 +92,7 @@ func (l *Limiter) adopt(p Policy) bool {
 		}
 		return true
 	})
-	select { // give the excess back now, not at the next sweep
-	case l.wake <- struct{}{}:
-	default:
-	}
+	l.after(0, l.flushQueued) // give the excess back now, not at the next sweep
 	return true
 }
 
@@ -142,27 +139,22 @@ func (l *Limiter) syncPolicyOnce() {
 	})
 }
 
-// policyLoop follows the stored policy: pushed changes at once, and a poll
-// every policy poll interval in case a push was missed.
-func (l *Limiter) policyLoop() {
-	var pushed <-chan struct{}
-	if ch, stop, err := l.store.WatchPolicy(l.ctx, l.cfg.prefix, l.pol.Load().Name); err == nil {
-		pushed = ch
-		defer stop()
+// watchPolicy subscribes to pushed policy changes: each one is read and
+// adopted at once, in a callback of the limiter's clock.
+func (l *Limiter) watchPolicy() {
+	stop, err := l.store.WatchPolicy(l.ctx, l.cfg.prefix, l.pol.Load().Name, func() {
+		l.after(0, l.pollPolicy)
+	})
+	if err == nil {
+		l.unwatch = stop
 	}
-	for {
-		if err := l.refreshPolicy(l.ctx); err == nil {
-			l.polSynced.Store(true)
-		}
-		t := l.cfg.clk.NewTimer(l.cfg.policyPoll)
-		select {
-		case <-l.stop:
-			t.Stop()
-			return
-		case <-pushed:
-			t.Stop()
-		case <-t.C():
-		}
+}
+
+// pollPolicy reads the policy record (every policy poll interval, and on
+// every push) and adopts it if newer.
+func (l *Limiter) pollPolicy() {
+	if err := l.refreshPolicy(l.ctx); err == nil {
+		l.polSynced.Store(true)
 	}
 }
 
@@ -178,7 +170,7 @@ func (l *Limiter) learnVersion(v uint64) {
 			break
 		}
 	}
-	l.goBackground(func() {
+	l.after(0, func() {
 		_, _, _ = l.flights.Do("\x00policy", func() (any, error) {
 			return nil, l.refreshPolicy(l.ctx)
 		})

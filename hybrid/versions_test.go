@@ -283,5 +283,15 @@ func TestSetPolicyBadInput(t *testing.T) {
 	}
 	// Another limiter of the same store converges on the push.
 	other := w.limiter(t, Policy{Name: "api", Limit: PerSecond(10), Version: 2})
-	eventually(t, "the other limiter to adopt version 3", func() bool { return other.Policy() == next })
+	// Its first poll runs on its clock, like all background work.
+	w.clk.Advance(time.Millisecond)
+	if other.Policy() != next {
+		t.Fatalf("other limiter on %+v after its first poll, want %+v", other.Policy(), next)
+	}
+	// And a push reaches it inside SetPolicy, with no clock movement.
+	next2 := Policy{Name: "api", Limit: PerSecond(7), Version: 4}
+	require.NoError(t, l.SetPolicy(ctx, next2))
+	if other.Policy() != next2 {
+		t.Fatalf("other limiter on %+v after a push, want %+v", other.Policy(), next2)
+	}
 }

@@ -9,6 +9,7 @@ package reconcile
 import (
 	"context"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/leasehold/leasehold/clock"
@@ -31,6 +32,10 @@ type Settler struct {
 	Pace time.Duration
 	// Timeout bounds each batch. The default is 1 s.
 	Timeout time.Duration
+	// After schedules Start's steps. The default is Clock.AfterFunc; a
+	// caller that must account for its callbacks (to wait for them on
+	// close) passes its own.
+	After func(d time.Duration, f func()) clock.Timer
 }
 
 // Report says what a Run did.
@@ -126,6 +131,101 @@ func send(ctx context.Context, store remote.Store, items []Item, batchSize int, 
 	return rep, ctx.Err()
 }
 
+// Start settles items like Run, without blocking: the jitter, each batch
+// and each pause are steps scheduled with After, so on a manual clock the
+// whole run is driven, deterministically, by advancing it. done is called
+// once, from the last step, with the report. cancel stops the run before
+// its next step and returns the items not yet sent; it returns nil if the
+// run already finished.
+func (s Settler) Start(items []Item, done func(Report)) (cancel func() []Item) {
+	s = s.withDefaults()
+	r := &stepper{s: s, done: done}
+	for _, op := range []remote.Op{remote.OpDebit, remote.OpReturn} {
+		for _, it := range items {
+			if it.Op == op {
+				r.items = append(r.items, it)
+			}
+		}
+	}
+	r.mu.Lock()
+	r.scheduleLocked(time.Duration(rand.Int64N(int64(s.MaxJitter) + 1)))
+	r.mu.Unlock()
+	return r.cancel
+}
+
+type stepper struct {
+	s     Settler
+	done  func(Report)
+	mu    sync.Mutex
+	items []Item // debits first, then returns
+	next  int    // first item not yet sent
+	rep   Report
+	timer clock.Timer
+	over  bool // finished or cancelled
+}
+
+func (r *stepper) scheduleLocked(d time.Duration) {
+	// A timer that fires inline (a manual clock and d ≤ 0) would take
+	// r.mu again; every delay here is at least 1 ns.
+	r.timer = r.s.After(max(d, time.Nanosecond), r.step)
+	if r.timer == nil { // the caller is shutting down
+		r.over = true
+	}
+}
+
+func (r *stepper) step() {
+	r.mu.Lock()
+	if r.over {
+		r.mu.Unlock()
+		return
+	}
+	start := r.next
+	op := r.items[start].Op
+	end := start
+	for end < len(r.items) && end-start < r.s.BatchSize && r.items[end].Op == op {
+		end++
+	}
+	r.next = end
+	r.mu.Unlock()
+
+	rep, _ := send(context.Background(), r.s.Store, r.items[start:end], r.s.BatchSize, r.s.Timeout, nil)
+
+	r.mu.Lock()
+	r.rep.Debited += rep.Debited
+	r.rep.Returned += rep.Returned
+	r.rep.Dropped += rep.Dropped
+	r.rep.Batches += rep.Batches
+	r.rep.Failed = append(r.rep.Failed, rep.Failed...)
+	if r.next < len(r.items) && !r.over {
+		r.scheduleLocked(r.s.Pace)
+		r.mu.Unlock()
+		return
+	}
+	finished := !r.over
+	r.over = true
+	final := r.rep
+	r.mu.Unlock()
+	if finished {
+		r.done(final)
+	}
+}
+
+func (r *stepper) cancel() []Item {
+	r.mu.Lock()
+	if r.over {
+		r.mu.Unlock()
+		return nil
+	}
+	r.over = true
+	t := r.timer
+	rest := append([]Item(nil), r.items[r.next:]...)
+	r.mu.Unlock()
+	if t != nil {
+		t.Stop()
+	}
+	return rest
+}
+
 func (s Settler) withDefaults() Settler {
 	if s.Clock == nil {
 		s.Clock = clock.Real()
@@ -141,6 +241,9 @@ func (s Settler) withDefaults() Settler {
 	}
 	if s.Timeout <= 0 {
 		s.Timeout = time.Second
+	}
+	if s.After == nil {
+		s.After = s.Clock.AfterFunc
 	}
 	return s
 }

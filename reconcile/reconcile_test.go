@@ -105,3 +105,40 @@ func TestRunReportsWhatTheStoreCouldNotTake(t *testing.T) {
 		t.Fatalf("Run with a cancelled ctx = %+v, %v", r2, err)
 	}
 }
+
+// TestStartIsDrivenByTheClock: Start sends nothing until the clock passes
+// the jitter, then one batch per pace, all inside Advance.
+func TestStartIsDrivenByTheClock(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	rec := &recorder{Store: remote.NewMemory(clk)}
+	// The jitter is random in [0, MaxJitter]: make it 1 ns to step exactly.
+	s := Settler{Store: rec, Clock: clk, BatchSize: 2, MaxJitter: time.Nanosecond, Pace: 10 * time.Millisecond}
+	var got *Report
+	s.Start(append(items(remote.OpReturn, 3), items(remote.OpDebit, 2)...), func(r Report) { got = &r })
+	if len(rec.batches) != 0 {
+		t.Fatal("a batch went out before the jitter")
+	}
+	clk.Advance(time.Nanosecond)
+	if len(rec.batches) != 1 || rec.batches[0] != remote.OpDebit {
+		t.Fatalf("after the jitter: batches %v, want one debit batch", rec.batches)
+	}
+	clk.Advance(10 * time.Millisecond)
+	if len(rec.batches) != 2 || got != nil {
+		t.Fatalf("after one pace: batches %v, done %v", rec.batches, got)
+	}
+	clk.Advance(10 * time.Millisecond)
+	if got == nil || got.Debited != 4 || got.Returned != 6 || got.Batches != 3 {
+		t.Fatalf("report %+v, want 4 debited and 6 returned in 3 batches", got)
+	}
+	// Cancel returns what was not sent.
+	cancel := s.Start(items(remote.OpReturn, 5), func(Report) { t.Error("cancelled run finished") })
+	clk.Advance(time.Nanosecond)
+	if rest := cancel(); len(rest) != 3 {
+		t.Fatalf("cancel returned %d items, want the 3 unsent", len(rest))
+	}
+	clk.Advance(time.Second)
+	if clk.Pending() != 0 {
+		t.Fatalf("%d timers left after cancel", clk.Pending())
+	}
+}

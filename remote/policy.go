@@ -29,10 +29,10 @@ type Policies interface {
 	SetPolicy(ctx context.Context, prefix, name string, rec PolicyRecord) (PolicyRecord, bool, error)
 	// GetPolicy returns the stored record; ok is false if there is none.
 	GetPolicy(ctx context.Context, prefix, name string) (rec PolicyRecord, ok bool, err error)
-	// WatchPolicy returns a channel that receives after every stored
-	// change (it may coalesce), and a func that stops watching and waits
-	// for the watcher's goroutine to end.
-	WatchPolicy(ctx context.Context, prefix, name string) (<-chan struct{}, func(), error)
+	// WatchPolicy calls changed after every stored change (possibly
+	// coalesced, never while holding a lock of the store) until stop is
+	// called; stop waits for any goroutine the watch runs.
+	WatchPolicy(ctx context.Context, prefix, name string, changed func()) (stop func(), err error)
 }
 
 var (
@@ -144,36 +144,31 @@ func (s *RedisStore) GetPolicy(ctx context.Context, prefix, name string) (Policy
 
 // WatchPolicy implements Policies with Redis pub/sub on the policy key's
 // name (Cluster broadcasts it to every node).
-func (s *RedisStore) WatchPolicy(ctx context.Context, prefix, name string) (<-chan struct{}, func(), error) {
+func (s *RedisStore) WatchPolicy(ctx context.Context, prefix, name string, changed func()) (func(), error) {
 	if err := validateKey(prefix, name, "policy"); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	ps := s.c.Subscribe(ctx, PolicyKey(prefix, name))
-	out := make(chan struct{}, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for range ps.Channel() {
-			select {
-			case out <- struct{}{}:
-			default:
-			}
+			changed()
 		}
 	}()
 	var once sync.Once
-	stop := func() {
+	return func() {
 		once.Do(func() {
 			_ = ps.Close()
 			<-done
 		})
-	}
-	return out, stop, nil
+	}, nil
 }
 
 type memPolicies struct {
 	mu       sync.Mutex
 	records  map[string]PolicyRecord
-	watchers map[string]map[chan struct{}]struct{}
+	watchers map[string]map[*func()]struct{}
 }
 
 // SetPolicy implements Policies.
@@ -187,19 +182,23 @@ func (s *MemoryStore) SetPolicy(ctx context.Context, prefix, name string, rec Po
 	key := PolicyKey(prefix, name)
 	p := &s.policies
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if cur, ok := p.records[key]; ok && cur.Version >= rec.Version {
+		p.mu.Unlock()
 		return cur, false, nil
 	}
 	if p.records == nil {
 		p.records = map[string]PolicyRecord{}
 	}
 	p.records[key] = rec
-	for ch := range p.watchers[key] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+	var notify []func()
+	for f := range p.watchers[key] {
+		notify = append(notify, *f)
+	}
+	p.mu.Unlock()
+	// Synchronously, outside the lock: on a manual clock the whole fleet
+	// hears of the change before SetPolicy returns, deterministically.
+	for _, f := range notify {
+		f()
 	}
 	return rec, true, nil
 }
@@ -218,28 +217,27 @@ func (s *MemoryStore) GetPolicy(ctx context.Context, prefix, name string) (Polic
 	return rec, ok, nil
 }
 
-// WatchPolicy implements Policies; notifications are delivered
-// synchronously by SetPolicy, so no goroutine is involved.
-func (s *MemoryStore) WatchPolicy(_ context.Context, prefix, name string) (<-chan struct{}, func(), error) {
+// WatchPolicy implements Policies; SetPolicy calls changed synchronously,
+// so no goroutine is involved.
+func (s *MemoryStore) WatchPolicy(_ context.Context, prefix, name string, changed func()) (func(), error) {
 	if err := validateKey(prefix, name, "policy"); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	key := PolicyKey(prefix, name)
-	ch := make(chan struct{}, 1)
+	f := &changed
 	p := &s.policies
 	p.mu.Lock()
 	if p.watchers == nil {
-		p.watchers = map[string]map[chan struct{}]struct{}{}
+		p.watchers = map[string]map[*func()]struct{}{}
 	}
 	if p.watchers[key] == nil {
-		p.watchers[key] = map[chan struct{}]struct{}{}
+		p.watchers[key] = map[*func()]struct{}{}
 	}
-	p.watchers[key][ch] = struct{}{}
+	p.watchers[key][f] = struct{}{}
 	p.mu.Unlock()
-	stop := func() {
+	return func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		delete(p.watchers[key], ch)
-	}
-	return ch, stop, nil
+		delete(p.watchers[key], f)
+	}, nil
 }

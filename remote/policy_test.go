@@ -21,7 +21,13 @@ func TestPolicyRecordsEverywhere(t *testing.T) {
 			if _, ok, err := ps.GetPolicy(ctx, "", name); err != nil || ok {
 				t.Fatalf("GetPolicy on nothing = %v, %v", ok, err)
 			}
-			watch, stop, err := ps.WatchPolicy(ctx, "", name)
+			watch := make(chan struct{}, 1)
+			stop, err := ps.WatchPolicy(ctx, "", name, func() {
+				select {
+				case watch <- struct{}{}:
+				default:
+				}
+			})
 			require.NoError(t, err)
 			defer stop()
 			time.Sleep(50 * time.Millisecond) // let a real SUBSCRIBE land before publishing
