@@ -105,7 +105,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	}
 	bs, ok := store.(*breaker.Store)
 	if !ok {
-		bs = breaker.NewStore(store, breaker.Settings{})
+		bs = breaker.NewStore(store, breaker.Settings{Clock: cfg.clk})
 	}
 	l := &Limiter{
 		store: bs,

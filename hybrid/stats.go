@@ -41,6 +41,9 @@ type Stats struct {
 	OutageDebt int64
 	// FleetSize is N, the processes assumed to share the policy.
 	FleetSize int
+	// TokensHeld is what this process can still spend without asking the
+	// store: tokens in leases plus granted reservations not yet spendable.
+	TokensHeld int64
 
 	bySource [numSources]SourceStats
 }
@@ -101,6 +104,12 @@ func (l *Limiter) Stats() Stats {
 		e := v.(*entry)
 		leaseAdmits += e.admits.Load()
 		s.OutageDebt += e.debt.Load()
+		s.TokensHeld += e.lease.Tokens()
+		e.mu.Lock()
+		for _, r := range e.mu.pending {
+			s.TokensHeld += r.n
+		}
+		e.mu.Unlock()
 		return true
 	})
 	// Admissions right after a store call are counted as SourceRemote by

@@ -1,0 +1,302 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/leasehold/leasehold/hybrid"
+)
+
+// phase is a stretch of the run judged on its own: healthy (before any
+// fault), outage (while a fault lasts), recovery (the 2 s after it),
+// after (the rest); or, for a policy change, healthy / change (one lease
+// TTL) / after.
+type phase struct {
+	name     string
+	from, to time.Duration
+	limit    hybrid.Limit
+	held     int64 // tokens the fleet held when the phase began
+
+	offered, admitted, decisions, storeCalls, errors int64
+	perKeyOffered, perKeyAdmitted                  map[string]int64
+	latencies                                      []time.Duration // non-zero decision latencies
+	zeroLatency                                    int64
+}
+
+// recorder collects a run's numbers.
+type recorder struct {
+	sc     *Scenario
+	w      *world
+	phases []*phase
+	cur    int
+
+	perSecond [][]int64 // [second][process id] admitted
+	offeredS  []int64   // [second] offered, all processes
+	limitS    []float64 // [second] the limit per second in force (single-key scenarios)
+	faults    [][2]time.Duration
+
+	faultEnd     time.Duration
+	recoveredAt  time.Duration // -1 until every process is Healthy after the fault
+	singleKey    bool
+	policyChange time.Duration
+}
+
+func newRecorder(sc *Scenario, w *world) *recorder {
+	r := &recorder{sc: sc, w: w, recoveredAt: -1, policyChange: -1}
+	total := sec(sc.DurationS)
+	lim := sc.Policy.limit()
+	keys := map[string]bool{}
+	for _, t := range sc.Traffic {
+		for k := 0; k < t.Keys; k++ {
+			keys[t.KeyPrefix+fmt.Sprint(k)] = true
+		}
+	}
+	r.singleKey = len(keys) == 1
+	fs, fe := time.Duration(-1), time.Duration(-1)
+	for _, e := range sc.Events {
+		if e.faulty() {
+			r.faults = append(r.faults, [2]time.Duration{sec(e.AtS), sec(e.UntilS)})
+			if fs < 0 || sec(e.AtS) < fs {
+				fs = sec(e.AtS)
+			}
+			fe = max(fe, sec(e.UntilS))
+		}
+	}
+	add := func(name string, from, to time.Duration, l hybrid.Limit) {
+		if to > from {
+			r.phases = append(r.phases, &phase{name: name, from: from, to: to, limit: l,
+				perKeyOffered: map[string]int64{}, perKeyAdmitted: map[string]int64{}})
+		}
+	}
+	switch {
+	case fs >= 0:
+		r.faultEnd = fe
+		add("healthy", 0, fs, lim)
+		add("outage", fs, fe, lim)
+		add("recovery", fe, min(fe+2*time.Second, total), lim)
+		add("after", min(fe+2*time.Second, total), total, lim)
+	default:
+		var change *EventSpec
+		for i, e := range sc.Events {
+			if e.Kind == "policy" {
+				change = &sc.Events[i]
+				break
+			}
+		}
+		if change == nil {
+			add("healthy", 0, total, lim)
+			break
+		}
+		at := sec(change.AtS)
+		next := lim
+		next.Rate, next.Burst = change.Rate, change.Burst
+		ttl := w.leaseTTL()
+		add("healthy", 0, at, lim)
+		add("change", at, min(at+ttl, total), next)
+		add("after", min(at+ttl, total), total, next)
+	}
+	secs := int(math.Ceil(sc.DurationS))
+	r.perSecond = make([][]int64, secs)
+	r.offeredS = make([]int64, secs)
+	r.limitS = make([]float64, secs)
+	for i := range r.limitS {
+		r.limitS[i] = perSecond(lim)
+	}
+	return r
+}
+
+func perSecond(l hybrid.Limit) float64 { return float64(l.Rate) / l.Period.Seconds() }
+
+func (r *recorder) phaseAt(t time.Duration) *phase {
+	for r.cur < len(r.phases)-1 && t >= r.phases[r.cur].to {
+		r.cur++
+	}
+	return r.phases[r.cur]
+}
+
+// beginStep notes, at each phase's first step, what the fleet holds.
+func (r *recorder) beginStep(now time.Duration) {
+	p := r.phaseAt(now)
+	if now == p.from && p.from > 0 {
+		for _, pr := range r.w.alive() {
+			p.held += pr.lim.Stats().TokensHeld
+		}
+	}
+}
+
+// endStep watches for the fleet's recovery after the last fault.
+func (r *recorder) endStep(now time.Duration) {
+	if r.faultEnd > 0 && now >= r.faultEnd && r.recoveredAt < 0 {
+		for _, p := range r.w.alive() {
+			if p.lim.Mode() != hybrid.ModeHealthy {
+				return
+			}
+		}
+		r.recoveredAt = now
+	}
+}
+
+func (r *recorder) policyChanged(at time.Duration, l hybrid.Limit) {
+	r.policyChange = at
+	for s := int(at / time.Second); s < len(r.limitS); s++ {
+		r.limitS[s] = perSecond(l)
+	}
+}
+
+func (r *recorder) storeCall() { r.phases[r.cur].storeCalls++ }
+
+func (r *recorder) decision(now time.Duration, proc int, key string, d hybrid.Decision, err error, lat time.Duration) {
+	p := r.phaseAt(now)
+	s := min(int(now/time.Second), len(r.perSecond)-1)
+	p.offered++
+	p.perKeyOffered[key]++
+	r.offeredS[s]++
+	if err != nil {
+		p.errors++
+		return
+	}
+	p.decisions++
+	if lat > 0 {
+		p.latencies = append(p.latencies, lat)
+	} else {
+		p.zeroLatency++
+	}
+	if !d.Allowed {
+		return
+	}
+	p.admitted++
+	p.perKeyAdmitted[key]++
+	for len(r.perSecond[s]) <= proc {
+		r.perSecond[s] = append(r.perSecond[s], 0)
+	}
+	r.perSecond[s][proc]++
+}
+
+func (r *recorder) finish(time.Duration) {}
+
+// bound returns the phase's exact bound summed over the keys that saw
+// demand, the servable demand (each key's offered, capped at its bound)
+// and the over-admission beyond the bound and the tokens held at the
+// phase's start.
+func (p *phase) bound() (bound, servable, over int64) {
+	w := p.to - p.from
+	per := p.limit.Burst + p.limit.TokensIn(w)
+	var excess int64
+	for k, off := range p.perKeyOffered {
+		bound += per
+		servable += min(off, per)
+		excess += max(p.perKeyAdmitted[k]-per, 0)
+	}
+	return bound, servable, max(excess-p.held, 0)
+}
+
+// limitFor is the plain limit over the phase, Rate·w per key with demand,
+// without Burst: what an outage should admit.
+func (p *phase) limitFor() int64 {
+	var n int64
+	for k, off := range p.perKeyOffered {
+		_ = k
+		n += min(off, p.limit.TokensIn(p.to-p.from))
+	}
+	return n
+}
+
+func (p *phase) percentile(q float64) time.Duration {
+	n := int64(len(p.latencies)) + p.zeroLatency
+	if n == 0 {
+		return 0
+	}
+	idx := int64(math.Ceil(q*float64(n))) - 1
+	if idx < p.zeroLatency {
+		return 0
+	}
+	sort.Slice(p.latencies, func(i, j int) bool { return p.latencies[i] < p.latencies[j] })
+	return p.latencies[min(idx-p.zeroLatency, int64(len(p.latencies))-1)]
+}
+
+func pct(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return 100 * float64(a) / float64(b)
+}
+
+// table writes one row per phase.
+func (r *recorder) table(out io.Writer) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "phase\tvirtual s\toffered\tadmitted\texact bound\tover-admission %\tutilization %\tstore calls/1000\tp50\tp99\t")
+	for _, p := range r.phases {
+		bound, servable, over := p.bound()
+		fmt.Fprintf(tw, "%s\t%.1f–%.1f\t%d\t%d\t%d\t%.2f\t%.1f\t%.1f\t%v\t%v\t\n",
+			p.name, p.from.Seconds(), p.to.Seconds(), p.offered, p.admitted, bound, pct(over, bound),
+			pct(p.admitted, servable), 1000*float64(p.storeCalls)/math.Max(1, float64(p.decisions)),
+			p.percentile(0.5).Round(time.Microsecond), p.percentile(0.99).Round(time.Microsecond))
+	}
+	_ = tw.Flush()
+}
+
+// verdict checks the targets; it returns the misses.
+func (r *recorder) verdict() []string {
+	t := r.sc.Targets
+	var miss []string
+	for _, p := range r.phases {
+		bound, servable, over := p.bound()
+		switch p.name {
+		case "healthy":
+			if o := pct(over, bound); o > t.HealthyOverAdmissionMaxPct {
+				miss = append(miss, fmt.Sprintf("%s over-admission %.2f%% > %.2f%%", p.name, o, t.HealthyOverAdmissionMaxPct))
+			}
+			if u := pct(p.admitted, servable); t.HealthyUtilizationMinPct > 0 && u < t.HealthyUtilizationMinPct {
+				miss = append(miss, fmt.Sprintf("%s utilization %.1f%% < %.1f%%", p.name, u, t.HealthyUtilizationMinPct))
+			}
+			if t.MaxStoreCallsPer1000 > 0 {
+				if c := 1000 * float64(p.storeCalls) / math.Max(1, float64(p.decisions)); c > t.MaxStoreCallsPer1000 {
+					miss = append(miss, fmt.Sprintf("%s %.1f store calls per 1000 decisions > %.1f", p.name, c, t.MaxStoreCallsPer1000))
+				}
+			}
+		case "outage":
+			if t.OutageWithinPct > 0 {
+				lim := p.limitFor()
+				if d := math.Abs(float64(p.admitted-lim)) / float64(max(lim, 1)) * 100; d > t.OutageWithinPct {
+					miss = append(miss, fmt.Sprintf("outage admitted %d vs limit %d: %.1f%% off > %.1f%%", p.admitted, lim, d, t.OutageWithinPct))
+				}
+			}
+		case "after":
+			if t.AfterOverAdmissionMaxPct != nil {
+				if o := pct(over, bound); o > *t.AfterOverAdmissionMaxPct {
+					miss = append(miss, fmt.Sprintf("after over-admission %.2f%% > %.2f%%", o, *t.AfterOverAdmissionMaxPct))
+				}
+			}
+		}
+		if p.errors > 0 {
+			miss = append(miss, fmt.Sprintf("%s: %d decisions returned errors", p.name, p.errors))
+		}
+	}
+	if t.RecoveryMaxS > 0 && r.faultEnd > 0 {
+		switch {
+		case r.recoveredAt < 0:
+			miss = append(miss, "never recovered to Healthy")
+		case (r.recoveredAt - r.faultEnd).Seconds() > t.RecoveryMaxS:
+			miss = append(miss, fmt.Sprintf("recovered in %.2f s > %.2f s", (r.recoveredAt - r.faultEnd).Seconds(), t.RecoveryMaxS))
+		}
+	}
+	return miss
+}
+
+// summary is the one-line verdict.
+func (r *recorder) summary() string {
+	miss := r.verdict()
+	extra := ""
+	if r.faultEnd > 0 && r.recoveredAt >= 0 {
+		extra = fmt.Sprintf(" (healthy %.2f s after the fault)", (r.recoveredAt - r.faultEnd).Seconds())
+	}
+	if len(miss) == 0 {
+		return fmt.Sprintf("PASS %s%s", r.sc.Name, extra)
+	}
+	return fmt.Sprintf("MISS %s%s: %s", r.sc.Name, extra, strings.Join(miss, "; "))
+}

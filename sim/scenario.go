@@ -1,0 +1,294 @@
+package main
+
+import (
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/leasehold/leasehold/hybrid"
+)
+
+//go:embed scenarios/*.json
+var builtin embed.FS
+
+// Scenario is one JSON file of sim/scenarios. Durations are in seconds or
+// milliseconds as their names say; zero fields take the defaults noted.
+type Scenario struct {
+	// Name identifies the scenario in tables, plots and verdicts.
+	Name string `json:"name"`
+	// Description says what the scenario shows, in one or two sentences.
+	Description string `json:"description"`
+	// DurationS is the virtual length of the run.
+	DurationS float64 `json:"duration_s"`
+	// StepMS is the granularity of request generation (default 1 ms);
+	// timers fire at their exact virtual deadlines regardless.
+	StepMS float64 `json:"step_ms"`
+	// Seed makes traffic and latency random but repeatable (-seed
+	// overrides it).
+	Seed uint64 `json:"seed"`
+	// Processes is the initial fleet size.
+	Processes int `json:"processes"`
+	// Policy is the limit every process starts with.
+	Policy PolicySpec `json:"policy"`
+	// Limiter tunes hybrid.New's options.
+	Limiter LimiterSpec `json:"limiter"`
+	// LatencyMS models each store call's latency: uniform in
+	// [base, base+jitter] milliseconds, plus any latency event.
+	LatencyMS LatencySpec `json:"latency_ms"`
+	// Traffic lists request sources; each applies to all processes.
+	Traffic []TrafficSpec `json:"traffic"`
+	// Events are the timed faults and changes.
+	Events []EventSpec `json:"events"`
+	// Targets are what the verdict checks.
+	Targets Targets `json:"targets"`
+}
+
+// PolicySpec is a hybrid.Policy in JSON.
+type PolicySpec struct {
+	Name     string  `json:"name"`
+	Rate     int64   `json:"rate"`
+	PeriodMS float64 `json:"period_ms"`
+	Burst    int64   `json:"burst"`
+}
+
+func (p PolicySpec) limit() hybrid.Limit {
+	return hybrid.Limit{Rate: p.Rate, Period: ms(p.PeriodMS), Burst: p.Burst}
+}
+
+// LimiterSpec holds hybrid options; zero means the library default.
+type LimiterSpec struct {
+	LeaseTTLMS     float64 `json:"lease_ttl_ms"`
+	StoreTimeoutMS float64 `json:"store_timeout_ms"`
+	OutageMode     string  `json:"outage_mode"` // degraded (default), fail-open, fail-closed
+	FleetSize      int     `json:"fleet_size"`  // 0: heartbeats
+	MaxKeys        int     `json:"max_keys"`
+}
+
+// LatencySpec is a uniform latency distribution in milliseconds.
+type LatencySpec struct {
+	Base   float64 `json:"base"`
+	Jitter float64 `json:"jitter"`
+}
+
+// TrafficSpec is one request source, offered by every process.
+type TrafficSpec struct {
+	// RatePerS is each process's offered rate (the on-rate for bursty).
+	RatePerS float64 `json:"rate_per_s"`
+	// Pattern is constant (default), poisson or bursty.
+	Pattern string `json:"pattern"`
+	// OnS and OffS shape bursty traffic.
+	OnS  float64 `json:"on_s"`
+	OffS float64 `json:"off_s"`
+	// Keys is how many keys the source spreads over (default 1).
+	Keys int `json:"keys"`
+	// KeyDist is uniform (default) or zipf.
+	KeyDist string  `json:"key_dist"`
+	ZipfS   float64 `json:"zipf_s"`
+	// KeyPrefix names the keys (default "k").
+	KeyPrefix string `json:"key_prefix"`
+	// ProcessSkew in [0, 1] spreads load unevenly: process i offers
+	// rate × (1 - skew/2 + skew·i/(n-1)).
+	ProcessSkew float64 `json:"process_skew"`
+	// FromS and UntilS bound the source in time (default: whole run).
+	FromS  float64 `json:"from_s"`
+	UntilS float64 `json:"until_s"`
+}
+
+// EventSpec is a timed change. Kinds:
+//   - outage: store calls of the affected processes fail (refused).
+//   - hang: store calls time out.
+//   - latency: LatencyMS is added to every store call; calls slower
+//     than the refill timeout (500 ms) time out.
+//   - partition: like outage, for Fraction of the fleet only.
+//   - skew: process clocks read SkewMS off (alternating sign by process).
+//   - policy: process 0 sets Rate/Burst (a new version).
+//   - restart: processes restart one by one, EveryS apart.
+//   - join / leave: Count processes join or leave.
+type EventSpec struct {
+	Kind      string  `json:"kind"`
+	AtS       float64 `json:"at_s"`
+	UntilS    float64 `json:"until_s"`
+	Fraction  float64 `json:"fraction"`
+	LatencyMS float64 `json:"latency_ms"`
+	SkewMS    float64 `json:"skew_ms"`
+	Rate      int64   `json:"rate"`
+	Burst     int64   `json:"burst"`
+	EveryS    float64 `json:"every_s"`
+	Count     int     `json:"count"`
+}
+
+// Targets are the verdict's checks; zero-valued checks are skipped unless
+// noted.
+type Targets struct {
+	// HealthyOverAdmissionMaxPct bounds over-admission before any fault
+	// (and in phases with no fault): default 0.
+	HealthyOverAdmissionMaxPct float64 `json:"healthy_over_admission_max_pct"`
+	// HealthyUtilizationMinPct is the least share of the servable demand
+	// admitted while healthy.
+	HealthyUtilizationMinPct float64 `json:"healthy_utilization_min_pct"`
+	// OutageWithinPct bounds |admitted - limit| / limit during a fault.
+	OutageWithinPct float64 `json:"outage_within_pct"`
+	// RecoveryMaxS bounds the time from a fault's end until every process
+	// is Healthy.
+	RecoveryMaxS float64 `json:"recovery_max_s"`
+	// AfterOverAdmissionMaxPct bounds over-admission after a policy change
+	// has settled (one lease TTL).
+	AfterOverAdmissionMaxPct *float64 `json:"after_over_admission_max_pct"`
+	// MaxStoreCallsPer1000 bounds store calls per 1 000 decisions while
+	// healthy.
+	MaxStoreCallsPer1000 float64 `json:"max_store_calls_per_1000"`
+}
+
+func ms(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
+func sec(f float64) time.Duration {
+	return time.Duration(f * float64(time.Second))
+}
+
+var kinds = map[string]bool{"outage": true, "hang": true, "latency": true, "partition": true, "skew": true,
+	"policy": true, "restart": true, "join": true, "leave": true}
+
+// validate fills defaults and rejects what cannot run.
+func (s *Scenario) validate() error {
+	var errs []error
+	if s.Name == "" {
+		errs = append(errs, errors.New("name is empty"))
+	}
+	if s.DurationS <= 0 {
+		errs = append(errs, errors.New("duration_s must be positive"))
+	}
+	if s.StepMS == 0 {
+		s.StepMS = 1
+	}
+	if s.StepMS < 0.01 || s.StepMS > 1000 {
+		errs = append(errs, fmt.Errorf("step_ms %v outside [0.01, 1000]", s.StepMS))
+	}
+	if s.Processes <= 0 || s.Processes > 10_000 {
+		errs = append(errs, fmt.Errorf("processes %d outside [1, 10000]", s.Processes))
+	}
+	if s.Policy.Name == "" {
+		s.Policy.Name = "sim"
+	}
+	if err := s.Policy.limit().Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("policy: %w", err))
+	}
+	switch s.Limiter.OutageMode {
+	case "", "degraded", "fail-open", "fail-closed":
+	default:
+		errs = append(errs, fmt.Errorf("limiter.outage_mode %q unknown", s.Limiter.OutageMode))
+	}
+	if len(s.Traffic) == 0 {
+		errs = append(errs, errors.New("traffic is empty"))
+	}
+	for i := range s.Traffic {
+		t := &s.Traffic[i]
+		if t.Keys == 0 {
+			t.Keys = 1
+		}
+		if t.KeyPrefix == "" {
+			t.KeyPrefix = "k"
+		}
+		if t.Pattern == "" {
+			t.Pattern = "constant"
+		}
+		if t.UntilS == 0 {
+			t.UntilS = s.DurationS
+		}
+		switch {
+		case t.RatePerS <= 0:
+			errs = append(errs, fmt.Errorf("traffic[%d].rate_per_s must be positive", i))
+		case t.Pattern != "constant" && t.Pattern != "poisson" && t.Pattern != "bursty":
+			errs = append(errs, fmt.Errorf("traffic[%d].pattern %q unknown", i, t.Pattern))
+		case t.Pattern == "bursty" && (t.OnS <= 0 || t.OffS <= 0):
+			errs = append(errs, fmt.Errorf("traffic[%d]: bursty needs on_s and off_s", i))
+		case t.KeyDist != "" && t.KeyDist != "uniform" && t.KeyDist != "zipf":
+			errs = append(errs, fmt.Errorf("traffic[%d].key_dist %q unknown", i, t.KeyDist))
+		case t.KeyDist == "zipf" && t.ZipfS <= 1:
+			errs = append(errs, fmt.Errorf("traffic[%d].zipf_s must be > 1", i))
+		case t.ProcessSkew < 0 || t.ProcessSkew > 1:
+			errs = append(errs, fmt.Errorf("traffic[%d].process_skew outside [0, 1]", i))
+		}
+	}
+	for i := range s.Events {
+		e := &s.Events[i]
+		if !kinds[e.Kind] {
+			errs = append(errs, fmt.Errorf("events[%d].kind %q unknown", i, e.Kind))
+		}
+		if e.AtS < 0 || e.AtS > s.DurationS {
+			errs = append(errs, fmt.Errorf("events[%d].at_s %v outside the run", i, e.AtS))
+		}
+		if e.faulty() && e.UntilS <= e.AtS {
+			errs = append(errs, fmt.Errorf("events[%d]: %s needs until_s after at_s", i, e.Kind))
+		}
+		if e.Kind == "partition" && (e.Fraction <= 0 || e.Fraction > 1) {
+			errs = append(errs, fmt.Errorf("events[%d]: partition needs a fraction in (0, 1]", i))
+		}
+		if e.Kind == "policy" {
+			l := s.Policy.limit()
+			l.Rate, l.Burst = e.Rate, e.Burst
+			if err := l.Validate(); err != nil {
+				errs = append(errs, fmt.Errorf("events[%d]: %w", i, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// faulty reports whether the event makes the store fail for someone.
+func (e EventSpec) faulty() bool {
+	switch e.Kind {
+	case "outage", "hang", "latency", "partition":
+		return true
+	}
+	return false
+}
+
+func parseScenario(name string, data []byte) (*Scenario, error) {
+	var s Scenario
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if err := s.validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &s, nil
+}
+
+// loadFile reads one scenario file.
+func loadFile(file string) (*Scenario, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	return parseScenario(file, data)
+}
+
+// defaultSuite returns the built-in scenarios in file-name order.
+func defaultSuite() ([]*Scenario, error) {
+	names, err := fs.Glob(builtin, "scenarios/*.json")
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(names)
+	var out []*Scenario
+	for _, n := range names {
+		data, err := builtin.ReadFile(n)
+		if err != nil {
+			return nil, err
+		}
+		s, err := parseScenario(path.Base(n), data)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// shorten scales a scenario down for tests: at most maxS virtual seconds
+// (event times scaled alike), at most maxProcs processes and maxKeys keys.
+func shorten(s *Scenario, maxS float64, maxProcs, maxKeys int) {
+	f := min(1, maxS/s.DurationS)
+	s.DurationS *= f
+	for i := range s.Events {
+		e := &s.Events[i]
+		e.AtS *= f
+		e.UntilS *= f
+		e.EveryS *= f
+	}
+	for i := range s.Traffic {
+		t := &s.Traffic[i]
+		t.FromS *= f
+		t.UntilS *= f
+		t.Keys = min(t.Keys, maxKeys)
+	}
+	s.Processes = min(s.Processes, maxProcs)
+}
+
+// TestDefaultSuiteMeetsTargets runs every built-in scenario, shortened, and
+// requires its verdict: healthy over-admission 0 and utilization ≥ 95%,
+// outage admission within ±15% of the limit, recovery to Healthy within
+// 2 virtual seconds, a halved limit obeyed one lease TTL later.
+func TestDefaultSuiteMeetsTargets(t *testing.T) {
+	suite, err := defaultSuite()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(suite) != 9 {
+		t.Fatalf("default suite has %d scenarios, want 9", len(suite))
+	}
+	for _, s := range suite {
+		t.Run(s.Name, func(t *testing.T) {
+			t.Parallel()
+			shorten(s, 30, 20, 1000)
+			rec, err := run(s, s.Seed, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var buf bytes.Buffer
+			rec.table(&buf)
+			t.Logf("\n%s%s", buf.String(), rec.summary())
+			if miss := rec.verdict(); len(miss) > 0 {
+				t.Fatalf("targets missed: %v", miss)
+			}
+			// The checks the suite exists for, whatever the file says.
+			for _, p := range rec.phases {
+				bound, servable, over := p.bound()
+				switch p.name {
+				case "healthy":
+					if over != 0 || pct(p.admitted, servable) < 95 {
+						t.Errorf("healthy: over-admitted %d of bound %d, utilization %.1f%%", over, bound, pct(p.admitted, servable))
+					}
+				case "after":
+					if s.Name == "limit-halved" && over != 0 {
+						t.Errorf("halved limit not obeyed one lease TTL after the change: %d over", over)
+					}
+				}
+			}
+			if rec.faultEnd > 0 && (rec.recoveredAt < 0 || (rec.recoveredAt-rec.faultEnd).Seconds() > 2) {
+				t.Errorf("recovered at %v after a fault that ended at %v", rec.recoveredAt, rec.faultEnd)
+			}
+		})
+	}
+}
+
+// TestRunIsDeterministic: the same seed gives the same run, second by
+// second and process by process; another seed does not.
+func TestRunIsDeterministic(t *testing.T) {
+	t.Parallel()
+	load := func() *Scenario {
+		suite, err := defaultSuite()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range suite {
+			if s.Name == "outage-10s" {
+				shorten(s, 20, 6, 10)
+				return s
+			}
+		}
+		t.Fatal("outage-10s not in the suite")
+		return nil
+	}
+	a, err := run(load(), 42, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := run(load(), 42, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := run(load(), 43, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(a.perSecond, b.perSecond) || !reflect.DeepEqual(a.offeredS, b.offeredS) {
+		t.Fatalf("two runs with seed 42 differ:\n%v\n%v", a.perSecond, b.perSecond)
+	}
+	for i := range a.phases {
+		if a.phases[i].storeCalls != b.phases[i].storeCalls || a.phases[i].admitted != b.phases[i].admitted {
+			t.Fatalf("phase %s differs between identical runs", a.phases[i].name)
+		}
+	}
+	if reflect.DeepEqual(a.offeredS, c.offeredS) {
+		t.Fatal("seeds 42 and 43 offered identical traffic")
+	}
+}
+
+func TestCLI(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "tiny.json")
+	if err := os.WriteFile(file, []byte(`{
+  "name": "tiny", "description": "a short outage", "duration_s": 6, "seed": 1, "processes": 3,
+  "policy": {"rate": 300, "period_ms": 1000, "burst": 30},
+  "traffic": [{"rate_per_s": 200}],
+  "events": [{"kind": "outage", "at_s": 2, "until_s": 4}],
+  "targets": {"healthy_utilization_min_pct": 90, "outage_within_pct": 20, "recovery_max_s": 2}
+}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if code := cli([]string{"-scenario", file, "-out", dir}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errOut.String())
+	}
+	for _, want := range []string{"phase", "healthy", "outage", "recovery", "after", "PASS tiny"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, ext := range []string{"png", "svg"} {
+		if st, err := os.Stat(filepath.Join(dir, "tiny."+ext)); err != nil || st.Size() == 0 {
+			t.Errorf("plot tiny.%s: %v", ext, err)
+		}
+	}
+	out.Reset()
+	if code := cli([]string{"-list"}, &out, &errOut); code != 0 || !strings.Contains(out.String(), "scale-100x10k") {
+		t.Fatalf("-list: exit %d\n%s", code, out.String())
+	}
+	// A target that cannot be met makes the exit code 1.
+	strict := strings.Replace(mustRead(t, file), `"outage_within_pct": 20`, `"outage_within_pct": 0.001`, 1)
+	if err := os.WriteFile(file, []byte(strict), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := cli([]string{"-scenario", file, "-out", dir}, &out, &errOut); code != 1 {
+		t.Fatalf("a missed target exits %d, want 1", code)
+	}
+}
+
+func mustRead(t *testing.T, f string) string {
+	t.Helper()
+	b, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestScenarioValidation(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{
+		`{"name": "x"}`,
+		`{"name": "x", "duration_s": 10, "processes": 1, "policy": {"rate": 0, "period_ms": 1000, "burst": 1}, "traffic": [{"rate_per_s": 1}]}`,
+		`{"name": "x", "duration_s": 10, "processes": 1, "policy": {"rate": 1, "period_ms": 1000, "burst": 1}, "traffic": [{"rate_per_s": 1, "pattern": "sine"}]}`,
+		`{"name": "x", "duration_s": 10, "processes": 1, "policy": {"rate": 1, "period_ms": 1000, "burst": 1}, "traffic": [{"rate_per_s": 1}], "events": [{"kind": "meteor", "at_s": 1}]}`,
+		`{"name": "x", "duration_s": 10, "processes": 1, "policy": {"rate": 1, "period_ms": 1000, "burst": 1}, "traffic": [{"rate_per_s": 1}], "events": [{"kind": "outage", "at_s": 5, "until_s": 2}]}`,
+		`{"name": "x", "duration_s": 10, "processes": 1, "policy": {"rate": 1, "period_ms": 1000, "burst": 1}, "traffic": [{"rate_per_s": 1}], "unknown_field": 1}`,
+	} {
+		if _, err := parseScenario("bad.json", []byte(bad)); err == nil {
+			t.Errorf("parseScenario(%s) = nil error", bad)
+		}
+	}
+}

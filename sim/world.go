@@ -1,0 +1,442 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasehold/leasehold/breaker"
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/remote"
+)
+
+// refillTimeout mirrors hybrid's background store deadline: a modeled call
+// slower than this fails as a timeout, as it would against real Redis.
+const refillTimeout = 500 * time.Millisecond
+
+var start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// skewClock is a process clock that reads the shared virtual clock plus an
+// offset that skew events change. Timers run on the shared clock.
+type skewClock struct {
+	*clock.Manual
+	offset atomic.Int64
+}
+
+func (c *skewClock) Now() time.Time { return c.Manual.Now().Add(time.Duration(c.offset.Load())) }
+
+// process is one simulated service instance.
+type process struct {
+	id    int
+	lim   *hybrid.Limiter
+	clk   *skewClock
+	store *faultStore
+	alive bool
+}
+
+// world is one scenario run: a manual clock, a MemoryStore, a fault layer
+// per process, and the fleet.
+type world struct {
+	sc      *Scenario
+	clk     *clock.Manual
+	mem     *remote.MemoryStore
+	procs   []*process
+	rng     *rand.Rand
+	dt      time.Duration
+	policy  hybrid.Policy
+	rec     *recorder
+	zipfs   []*rand.Zipf
+	keys    [][]string
+	nextID  int
+	ctx     context.Context
+	pending []timedAction
+}
+
+type timedAction struct {
+	at time.Duration
+	do func()
+}
+
+// run plays a scenario and returns what it recorded.
+func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*recorder, error) {
+	w := &world{
+		sc:  sc,
+		clk: clock.NewManual(start),
+		rng: rand.New(rand.NewPCG(seed, 0x1ea5e401d)),
+		dt:  ms(sc.StepMS),
+		ctx: context.Background(),
+		policy: hybrid.Policy{Name: sc.Policy.Name, Limit: sc.Policy.limit(), Version: 1},
+	}
+	w.mem = remote.NewMemory(w.clk)
+	w.rec = newRecorder(sc, w)
+	for i, t := range sc.Traffic {
+		keys := make([]string, t.Keys)
+		for k := range keys {
+			keys[k] = t.KeyPrefix + strconv.Itoa(k)
+		}
+		w.keys = append(w.keys, keys)
+		var z *rand.Zipf
+		if t.KeyDist == "zipf" && t.Keys > 1 {
+			z = rand.NewZipf(rand.New(rand.NewPCG(seed, uint64(i)+1)), t.ZipfS, 1, uint64(t.Keys-1))
+		}
+		w.zipfs = append(w.zipfs, z)
+	}
+	for i := 0; i < sc.Processes; i++ {
+		if err := w.spawn(); err != nil {
+			return nil, err
+		}
+	}
+	w.schedule()
+	total := sec(sc.DurationS)
+	steps := int(total / w.dt)
+	for step := 0; step < steps; step++ {
+		now := time.Duration(step) * w.dt
+		w.runActions(now)
+		w.rec.beginStep(now)
+		w.offer(now)
+		w.clk.Advance(w.dt)
+		w.rec.endStep(now + w.dt)
+		if progress != nil && step%1000 == 0 {
+			progress(now, total)
+		}
+	}
+	w.rec.finish(total)
+	for _, p := range w.procs {
+		if p.alive {
+			_ = p.lim.Close(w.ctx)
+		}
+	}
+	return w.rec, nil
+}
+
+func (w *world) options(c clock.Clock) []hybrid.Option {
+	l := w.sc.Limiter
+	opts := []hybrid.Option{hybrid.WithClock(c), hybrid.WithLogger(slog.New(slog.DiscardHandler))}
+	if l.LeaseTTLMS > 0 {
+		opts = append(opts, hybrid.WithLeaseTTL(ms(l.LeaseTTLMS)))
+	}
+	if l.StoreTimeoutMS > 0 {
+		opts = append(opts, hybrid.WithStoreTimeout(ms(l.StoreTimeoutMS)))
+	}
+	if l.FleetSize > 0 {
+		opts = append(opts, hybrid.WithFleetSize(l.FleetSize))
+	}
+	if l.MaxKeys > 0 {
+		opts = append(opts, hybrid.WithMaxKeys(l.MaxKeys))
+	}
+	switch l.OutageMode {
+	case "fail-open":
+		opts = append(opts, hybrid.WithOutageMode(hybrid.OutageFailOpen))
+	case "fail-closed":
+		opts = append(opts, hybrid.WithOutageMode(hybrid.OutageFailClosed))
+	}
+	return opts
+}
+
+func (w *world) storeTimeout() time.Duration {
+	if w.sc.Limiter.StoreTimeoutMS > 0 {
+		return ms(w.sc.Limiter.StoreTimeoutMS)
+	}
+	return 50 * time.Millisecond
+}
+
+func (w *world) leaseTTL() time.Duration {
+	if w.sc.Limiter.LeaseTTLMS > 0 {
+		return ms(w.sc.Limiter.LeaseTTLMS)
+	}
+	return time.Second
+}
+
+// spawn adds a process with a fresh limiter.
+func (w *world) spawn() error {
+	id := w.nextID
+	w.nextID++
+	p := &process{id: id, clk: &skewClock{Manual: w.clk}, alive: true}
+	p.store = &faultStore{mem: w.mem, rng: rand.New(rand.NewPCG(w.sc.Seed, uint64(id)+1000)), lat: w.sc.LatencyMS, rec: w.rec}
+	if err := w.start(p); err != nil {
+		return err
+	}
+	w.procs = append(w.procs, p)
+	return nil
+}
+
+func (w *world) start(p *process) error {
+	// One breaker per process, on the virtual clock.
+	bs := breaker.NewStore(p.store, breaker.Settings{Clock: p.clk})
+	lim, err := hybrid.New(bs, w.policy, w.options(p.clk)...)
+	if err != nil {
+		return fmt.Errorf("process %d: %w", p.id, err)
+	}
+	p.lim, p.alive = lim, true
+	return nil
+}
+
+func (w *world) alive() []*process {
+	var out []*process
+	for _, p := range w.procs {
+		if p.alive {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// schedule turns events into timed actions.
+func (w *world) schedule() {
+	at := func(s float64, f func()) { w.pending = append(w.pending, timedAction{sec(s), f}) }
+	for _, e := range w.sc.Events {
+		switch e.Kind {
+		case "outage", "hang", "latency", "partition":
+			set := func(on bool) {
+				ps := w.alive()
+				n := len(ps)
+				if e.Kind == "partition" {
+					n = int(math.Ceil(e.Fraction * float64(len(ps))))
+				}
+				for _, p := range ps[:n] {
+					switch e.Kind {
+					case "outage", "partition":
+						p.store.down.Store(on)
+					case "hang":
+						p.store.hang.Store(on)
+					case "latency":
+						extra := int64(0)
+						if on {
+							extra = int64(ms(e.LatencyMS))
+						}
+						p.store.extra.Store(extra)
+					}
+				}
+			}
+			at(e.AtS, func() { set(true) })
+			at(e.UntilS, func() { set(false) })
+		case "skew":
+			at(e.AtS, func() {
+				for i, p := range w.alive() {
+					d := ms(e.SkewMS)
+					if i%2 == 1 {
+						d = -d
+					}
+					p.clk.offset.Store(int64(d))
+				}
+			})
+		case "policy":
+			at(e.AtS, func() {
+				p := w.policy
+				p.Limit.Rate, p.Limit.Burst = e.Rate, e.Burst
+				p.Version++
+				if err := w.alive()[0].lim.SetPolicy(w.ctx, p); err == nil {
+					w.policy = p
+					w.rec.policyChanged(sec(e.AtS), p.Limit)
+				}
+			})
+		case "restart":
+			every := sec(e.EveryS)
+			for i := 0; i < w.sc.Processes; i++ {
+				w.pending = append(w.pending, timedAction{sec(e.AtS) + time.Duration(i)*every, func() {
+					p := w.procs[i]
+					if !p.alive {
+						return
+					}
+					_ = p.lim.Close(w.ctx)
+					p.alive = false
+					_ = w.start(p)
+				}})
+			}
+		case "join":
+			at(e.AtS, func() {
+				for i := 0; i < max(e.Count, 1); i++ {
+					_ = w.spawn()
+				}
+			})
+		case "leave":
+			at(e.AtS, func() {
+				ps := w.alive()
+				for _, p := range ps[max(len(ps)-max(e.Count, 1), 1):] {
+					_ = p.lim.Close(w.ctx)
+					p.alive = false
+				}
+			})
+		}
+	}
+	sort.SliceStable(w.pending, func(i, j int) bool { return w.pending[i].at < w.pending[j].at })
+}
+
+func (w *world) runActions(now time.Duration) {
+	for len(w.pending) > 0 && w.pending[0].at <= now {
+		w.pending[0].do()
+		w.pending = w.pending[1:]
+	}
+}
+
+// offer generates this step's requests, process by process.
+func (w *world) offer(now time.Duration) {
+	ps := w.alive()
+	stepS := w.dt.Seconds()
+	tS := now.Seconds()
+	for ti, t := range w.sc.Traffic {
+		if tS < t.FromS || tS >= t.UntilS {
+			continue
+		}
+		for i, p := range ps {
+			rate := t.RatePerS
+			if t.ProcessSkew > 0 && len(ps) > 1 {
+				rate *= 1 - t.ProcessSkew/2 + t.ProcessSkew*float64(i)/float64(len(ps)-1)
+			}
+			var n int
+			switch t.Pattern {
+			case "constant":
+				n = int(math.Floor((tS+stepS)*rate) - math.Floor(tS*rate))
+			case "poisson":
+				n = poisson(w.rng, rate*stepS)
+			case "bursty":
+				cycle := t.OnS + t.OffS
+				if math.Mod(tS-t.FromS, cycle) < t.OnS {
+					n = int(math.Floor((tS+stepS)*rate) - math.Floor(tS*rate))
+				}
+			}
+			for j := 0; j < n; j++ {
+				key := w.keys[ti][0]
+				if t.Keys > 1 {
+					if z := w.zipfs[ti]; z != nil {
+						key = w.keys[ti][z.Uint64()]
+					} else {
+						key = w.keys[ti][w.rng.IntN(t.Keys)]
+					}
+				}
+				p.store.lastLatency = 0
+				d, err := p.lim.AllowN(w.ctx, key, 1)
+				var lat time.Duration
+				if err == nil && d.Source == hybrid.SourceRemote {
+					lat = min(p.store.lastLatency, w.storeTimeout())
+				}
+				w.rec.decision(now, p.id, key, d, err, lat)
+			}
+		}
+	}
+}
+
+// poisson draws from a Poisson distribution of mean m (Knuth; m is small,
+// one step's worth of requests).
+func poisson(r *rand.Rand, m float64) int {
+	if m > 30 {
+		return int(math.Max(0, math.Round(m+math.Sqrt(m)*r.NormFloat64())))
+	}
+	l, k, p := math.Exp(-m), 0, 1.0
+	for {
+		p *= r.Float64()
+		if p <= l {
+			return k
+		}
+		k++
+	}
+}
+
+// faultStore is one process's view of the shared store: calls can fail
+// (outage, partition), time out (hang, or latency above the refill
+// timeout) or succeed after a modeled latency. Calls take no virtual time:
+// a call the limiter would have waited for longer than its store timeout
+// is recorded with the timeout as its latency.
+type faultStore struct {
+	mem         *remote.MemoryStore
+	rng         *rand.Rand
+	lat         LatencySpec
+	rec         *recorder
+	down, hang  atomic.Bool
+	extra       atomic.Int64
+	lastLatency time.Duration
+}
+
+var errTimeout = fmt.Errorf("sim: %w: %w", remote.ErrUnavailable, context.DeadlineExceeded)
+var errRefused = fmt.Errorf("sim: %w: connection refused", remote.ErrUnavailable)
+
+func (f *faultStore) gate() error {
+	f.rec.storeCall()
+	lat := ms(f.lat.Base+f.lat.Jitter*f.rng.Float64()) + time.Duration(f.extra.Load())
+	f.lastLatency = lat
+	switch {
+	case f.down.Load():
+		return errRefused
+	case f.hang.Load() || lat > refillTimeout:
+		return errTimeout
+	}
+	return nil
+}
+
+func (f *faultStore) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if err := f.gate(); err != nil {
+		return remote.Result{}, err
+	}
+	return f.mem.Lease(ctx, r)
+}
+
+func (f *faultStore) Return(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if err := f.gate(); err != nil {
+		return remote.Result{}, err
+	}
+	return f.mem.Return(ctx, r)
+}
+
+func (f *faultStore) Debit(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if err := f.gate(); err != nil {
+		return remote.Result{}, err
+	}
+	return f.mem.Debit(ctx, r)
+}
+
+func (f *faultStore) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
+	if err := f.gate(); err != nil {
+		out := make([]remote.Reply, len(rs))
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	return f.mem.Batch(ctx, op, rs)
+}
+
+func (f *faultStore) Heartbeat(ctx context.Context, prefix, policy, member string, expiry time.Duration) (int, error) {
+	if err := f.gate(); err != nil {
+		return 0, err
+	}
+	return f.mem.Heartbeat(ctx, prefix, policy, member, expiry)
+}
+
+func (f *faultStore) Leave(ctx context.Context, prefix, policy, member string) error {
+	if err := f.gate(); err != nil {
+		return err
+	}
+	return f.mem.Leave(ctx, prefix, policy, member)
+}
+
+func (f *faultStore) SetPolicy(ctx context.Context, prefix, name string, rec remote.PolicyRecord) (remote.PolicyRecord, bool, error) {
+	if err := f.gate(); err != nil {
+		return remote.PolicyRecord{}, false, err
+	}
+	return f.mem.SetPolicy(ctx, prefix, name, rec)
+}
+
+func (f *faultStore) GetPolicy(ctx context.Context, prefix, name string) (remote.PolicyRecord, bool, error) {
+	if err := f.gate(); err != nil {
+		return remote.PolicyRecord{}, false, err
+	}
+	return f.mem.GetPolicy(ctx, prefix, name)
+}
+
+func (f *faultStore) WatchPolicy(ctx context.Context, prefix, name string, changed func()) (func(), error) {
+	// Pushes are not modeled as failing: polling covers a lost push.
+	return f.mem.WatchPolicy(ctx, prefix, name, changed)
+}
+
+var (
+	_ remote.Store    = (*faultStore)(nil)
+	_ remote.Fleet    = (*faultStore)(nil)
+	_ remote.Policies = (*faultStore)(nil)
+)
