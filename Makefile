@@ -6,9 +6,15 @@ export LEASEHOLD_REQUIRE_REDIS ?= 1
 
 .PHONY: test redis bench sim fuzz
 
+sim:
+	$(GO) run ./sim
+
 test: redis
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 12m ./...
+	# Fault injection through toxiproxy: its own module, so its dependencies
+	# stay out of leasehold's go.mod.
+	cd internal/faulttest && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...
 
 redis:
 	@if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then \
