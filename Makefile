@@ -6,9 +6,6 @@ export LEASEHOLD_REQUIRE_REDIS ?= 1
 
 .PHONY: test redis bench sim fuzz
 
-sim:
-	$(GO) run ./sim
-
 test: redis
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 12m ./...
@@ -29,6 +26,9 @@ redis:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./local/ ./hybrid/
+
+sim:
+	$(GO) run ./sim
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzBucketTakeAt -fuzztime 30s ./local/

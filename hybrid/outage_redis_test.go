@@ -42,43 +42,22 @@ func (tl *timeline) slowestBetween(from, to time.Duration) (d time.Duration) {
 }
 
 // offer runs each limiter at perLimiter decisions per second on key until
-// ctx ends, recording every decision.
+// ctx ends, recording every decision in a timeline.
 func offer(ctx context.Context, lims []*Limiter, perLimiter float64, key string) *timeline {
 	tl := &timeline{start: time.Now()}
-	var wg sync.WaitGroup
-	for _, l := range lims {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tk := time.NewTicker(time.Millisecond)
-			defer tk.Stop()
-			sent := int64(0)
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case now := <-tk.C:
-					for due := int64(now.Sub(tl.start).Seconds() * perLimiter); sent < due; sent++ {
-						t0 := time.Now()
-						d, err := l.AllowN(context.Background(), key, 1)
-						took := time.Since(t0)
-						i := tl.slot(t0)
-						for s := tl.slowest[i].Load(); int64(took) > s && !tl.slowest[i].CompareAndSwap(s, int64(took)); s = tl.slowest[i].Load() {
-						}
-						if err != nil {
-							tl.errors.Add(1)
-							continue
-						}
-						tl.sources[d.Source].Add(1)
-						if d.Allowed {
-							tl.admitted[i].Add(1)
-						}
-					}
-				}
-			}
-		}()
-	}
-	go func() { <-ctx.Done(); wg.Wait() }()
+	paced(ctx, lims, 1, perLimiter, key, func(at time.Time, d Decision, err error, took time.Duration) {
+		i := tl.slot(at)
+		for s := tl.slowest[i].Load(); int64(took) > s && !tl.slowest[i].CompareAndSwap(s, int64(took)); s = tl.slowest[i].Load() {
+		}
+		if err != nil {
+			tl.errors.Add(1)
+			return
+		}
+		tl.sources[d.Source].Add(1)
+		if d.Allowed {
+			tl.admitted[i].Add(1)
+		}
+	})
 	return tl
 }
 

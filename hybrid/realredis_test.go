@@ -90,14 +90,14 @@ func hammer(lims []*Limiter, g int, d time.Duration, pick func(r *rand.Rand) str
 	return admitted, offered, time.Since(start)
 }
 
-// steady offers each limiter g goroutines × perGoroutine requests per
-// second on key for d, at a steady pace (catching up with ticker jitter),
-// and returns offered and admitted counts and the wall time spanned.
-func steady(lims []*Limiter, g int, perGoroutine float64, d time.Duration, key string) (offered, admitted int64, elapsed time.Duration) {
-	var off, adm atomic.Int64
+// paced runs g goroutines per limiter, each offering perGoroutine
+// decisions per second on key at a steady pace (catching up with ticker
+// jitter) until ctx ends, and hands every decision to record. The returned
+// WaitGroup ends with the goroutines.
+func paced(ctx context.Context, lims []*Limiter, g int, perGoroutine float64, key string,
+	record func(at time.Time, d Decision, err error, took time.Duration)) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	start := time.Now()
-	deadline := start.Add(d)
 	for _, l := range lims {
 		for j := 0; j < g; j++ {
 			wg.Add(1)
@@ -106,22 +106,38 @@ func steady(lims []*Limiter, g int, perGoroutine float64, d time.Duration, key s
 				tk := time.NewTicker(time.Millisecond)
 				defer tk.Stop()
 				sent := int64(0)
-				for now := range tk.C {
-					if now.After(deadline) {
+				for {
+					select {
+					case <-ctx.Done():
 						return
-					}
-					due := int64(now.Sub(start).Seconds() * perGoroutine)
-					for ; sent < due; sent++ {
-						off.Add(1)
-						if l.Allow(context.Background(), key) {
-							adm.Add(1)
+					case now := <-tk.C:
+						for due := int64(now.Sub(start).Seconds() * perGoroutine); sent < due && ctx.Err() == nil; sent++ {
+							at := time.Now()
+							d, err := l.AllowN(context.Background(), key, 1)
+							record(at, d, err, time.Since(at))
 						}
 					}
 				}
 			}()
 		}
 	}
-	wg.Wait()
+	return &wg
+}
+
+// steady offers each limiter g goroutines × perGoroutine requests per
+// second on key for d, and returns offered and admitted counts and the wall
+// time spanned.
+func steady(lims []*Limiter, g int, perGoroutine float64, d time.Duration, key string) (offered, admitted int64, elapsed time.Duration) {
+	var off, adm atomic.Int64
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	paced(ctx, lims, g, perGoroutine, key, func(_ time.Time, d Decision, _ error, _ time.Duration) {
+		off.Add(1)
+		if d.Allowed {
+			adm.Add(1)
+		}
+	}).Wait()
 	return off.Load(), adm.Load(), time.Since(start)
 }
 

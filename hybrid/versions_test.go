@@ -55,30 +55,11 @@ func (a *admissions) between(from, to time.Time) int {
 // drive offers each limiter perLimiter decisions per second on key until
 // ctx ends, recording admissions.
 func drive(ctx context.Context, lims []*Limiter, perLimiter float64, key string, adm *admissions) *sync.WaitGroup {
-	var wg sync.WaitGroup
-	start := time.Now()
-	for _, l := range lims {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tk := time.NewTicker(time.Millisecond)
-			defer tk.Stop()
-			sent := int64(0)
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case now := <-tk.C:
-					for due := int64(now.Sub(start).Seconds() * perLimiter); sent < due; sent++ {
-						if l.Allow(context.Background(), key) {
-							adm.add(time.Now())
-						}
-					}
-				}
-			}
-		}()
-	}
-	return &wg
+	return paced(ctx, lims, 1, perLimiter, key, func(_ time.Time, d Decision, _ error, _ time.Duration) {
+		if d.Allowed {
+			adm.add(time.Now())
+		}
+	})
 }
 
 // heldTokens is what a fleet could still spend without asking the store:
