@@ -3,10 +3,11 @@ package hybrid
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -114,11 +115,24 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 		stop:  make(chan struct{}),
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
-	l.settler = reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.after}
+	seed := cfg.seed
+	if !cfg.seeded {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		seed = binary.LittleEndian.Uint64(b[:])
+	}
+	rng := mrand.New(mrand.NewPCG(seed, 0x6c65617365686f6c))
+	var rngMu sync.Mutex
+	l.settler = reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.after,
+		Jitter: func(max time.Duration) time.Duration {
+			rngMu.Lock()
+			defer rngMu.Unlock()
+			return time.Duration(rng.Int64N(int64(max) + 1))
+		}}
+	l.id = fmt.Sprintf("%016x", rng.Uint64())
 	l.pol.Store(newPolicyState(p, cfg.maxFraction))
 	l.seenGen.Store(bs.Generation())
 	l.mode.Store(int32(l.modeFromBreaker()))
-	l.id = newMemberID()
 	if rs, ok := bs.Unwrap().(interface{ Check() error }); ok {
 		if err := rs.Check(); err != nil {
 			cfg.logger.Warn("leasehold: store misconfigured", slog.String("error", err.Error()))
@@ -419,13 +433,6 @@ func (l *Limiter) Close(ctx context.Context) error {
 		_ = l.store.Leave(ctx, l.cfg.prefix, l.pol.Load().Name, l.id)
 	}
 	return err
-}
-
-// newMemberID names this limiter in its policy's fleet set.
-func newMemberID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 // closeEntry closes e's lease, cancels its reservation and takes its

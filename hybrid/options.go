@@ -34,6 +34,8 @@ type config struct {
 	hbInterval    time.Duration
 	hbExpiry      time.Duration
 	policyPoll    time.Duration
+	seed          uint64
+	seeded        bool
 }
 
 func buildConfig(opts []Option) (config, error) {
@@ -175,4 +177,11 @@ func WithHeartbeat(interval, expiry time.Duration) Option {
 // 1 s.
 func WithPolicyPoll(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.policyPoll = d })
+}
+
+// WithSeed makes the limiter's randomness (its fleet member name and the
+// reconciler's jitter) repeatable, for simulations and tests. By default it
+// is random.
+func WithSeed(seed uint64) Option {
+	return optionFunc(func(c *config) { c.seed, c.seeded = seed, true })
 }

@@ -36,6 +36,9 @@ type Settler struct {
 	// caller that must account for its callbacks (to wait for them on
 	// close) passes its own.
 	After func(d time.Duration, f func()) clock.Timer
+	// Jitter returns a random delay in [0, max]. The default draws from
+	// math/rand/v2; a simulation passes a seeded source to replay runs.
+	Jitter func(max time.Duration) time.Duration
 }
 
 // Report says what a Run did.
@@ -65,7 +68,7 @@ func (s Settler) Run(ctx context.Context, items []Item) (Report, error) {
 	if len(items) == 0 {
 		return rep, nil
 	}
-	if err := s.sleep(ctx, time.Duration(rand.Int64N(int64(s.MaxJitter)+1))); err != nil {
+	if err := s.sleep(ctx, s.Jitter(s.MaxJitter)); err != nil {
 		rep.Failed = items
 		return rep, err
 	}
@@ -148,7 +151,7 @@ func (s Settler) Start(items []Item, done func(Report)) (cancel func() []Item) {
 		}
 	}
 	r.mu.Lock()
-	r.scheduleLocked(time.Duration(rand.Int64N(int64(s.MaxJitter) + 1)))
+	r.scheduleLocked(s.Jitter(s.MaxJitter))
 	r.mu.Unlock()
 	return r.cancel
 }
@@ -244,6 +247,9 @@ func (s Settler) withDefaults() Settler {
 	}
 	if s.After == nil {
 		s.After = s.Clock.AfterFunc
+	}
+	if s.Jitter == nil {
+		s.Jitter = func(max time.Duration) time.Duration { return time.Duration(rand.Int64N(int64(max) + 1)) }
 	}
 	return s
 }

@@ -23,9 +23,9 @@ type phase struct {
 	held     int64 // tokens the fleet held when the phase began
 
 	offered, admitted, decisions, storeCalls, errors int64
-	perKeyOffered, perKeyAdmitted                  map[string]int64
-	latencies                                      []time.Duration // non-zero decision latencies
-	zeroLatency                                    int64
+	perKeyOffered, perKeyAdmitted                    map[string]int64
+	latencies                                        []time.Duration // non-zero decision latencies
+	zeroLatency                                      int64
 }
 
 // recorder collects a run's numbers.
@@ -282,7 +282,7 @@ func (r *recorder) verdict() []string {
 		case r.recoveredAt < 0:
 			miss = append(miss, "never recovered to Healthy")
 		case (r.recoveredAt - r.faultEnd).Seconds() > t.RecoveryMaxS:
-			miss = append(miss, fmt.Sprintf("recovered in %.2f s > %.2f s", (r.recoveredAt - r.faultEnd).Seconds(), t.RecoveryMaxS))
+			miss = append(miss, fmt.Sprintf("recovered in %.2f s > %.2f s", (r.recoveredAt-r.faultEnd).Seconds(), t.RecoveryMaxS))
 		}
 	}
 	return miss

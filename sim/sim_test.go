@@ -77,45 +77,49 @@ func TestDefaultSuiteMeetsTargets(t *testing.T) {
 }
 
 // TestRunIsDeterministic: the same seed gives the same run, second by
-// second and process by process; another seed does not.
+// second, process by process, phase by phase, down to the recovery time and
+// every decision latency; another seed does not.
 func TestRunIsDeterministic(t *testing.T) {
 	t.Parallel()
-	load := func() *Scenario {
-		suite, err := defaultSuite()
-		if err != nil {
-			t.Fatal(err)
+	for _, name := range []string{"outage-10s", "limit-halved", "rolling-restart"} {
+		load := func() *Scenario {
+			suite, err := defaultSuite()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range suite {
+				if s.Name == name {
+					shorten(s, 20, 6, 10)
+					return s
+				}
+			}
+			t.Fatalf("%s not in the suite", name)
+			return nil
 		}
-		for _, s := range suite {
-			if s.Name == "outage-10s" {
-				shorten(s, 20, 6, 10)
-				return s
+		runs := make([]*recorder, 3)
+		for i, seed := range []uint64{42, 42, 43} {
+			r, err := run(load(), seed, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runs[i] = r
+		}
+		a, b, c := runs[0], runs[1], runs[2]
+		if !reflect.DeepEqual(a.perSecond, b.perSecond) || !reflect.DeepEqual(a.offeredS, b.offeredS) || a.recoveredAt != b.recoveredAt {
+			t.Fatalf("%s: two runs with seed 42 differ:\n%v\n%v", name, a.perSecond, b.perSecond)
+		}
+		for i := range a.phases {
+			pa, pb := a.phases[i], b.phases[i]
+			pa.percentile(0.5) // sorts the latencies
+			pb.percentile(0.5)
+			if pa.storeCalls != pb.storeCalls || pa.admitted != pb.admitted || pa.held != pb.held ||
+				!reflect.DeepEqual(pa.perKeyAdmitted, pb.perKeyAdmitted) || !reflect.DeepEqual(pa.latencies, pb.latencies) {
+				t.Fatalf("%s: phase %s differs between identical runs", name, pa.name)
 			}
 		}
-		t.Fatal("outage-10s not in the suite")
-		return nil
-	}
-	a, err := run(load(), 42, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := run(load(), 42, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := run(load(), 43, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(a.perSecond, b.perSecond) || !reflect.DeepEqual(a.offeredS, b.offeredS) {
-		t.Fatalf("two runs with seed 42 differ:\n%v\n%v", a.perSecond, b.perSecond)
-	}
-	for i := range a.phases {
-		if a.phases[i].storeCalls != b.phases[i].storeCalls || a.phases[i].admitted != b.phases[i].admitted {
-			t.Fatalf("phase %s differs between identical runs", a.phases[i].name)
+		if reflect.DeepEqual(a.offeredS, c.offeredS) {
+			t.Fatalf("%s: seeds 42 and 43 offered identical traffic", name)
 		}
-	}
-	if reflect.DeepEqual(a.offeredS, c.offeredS) {
-		t.Fatal("seeds 42 and 43 offered identical traffic")
 	}
 }
 

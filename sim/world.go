@@ -57,6 +57,9 @@ type world struct {
 	nextID  int
 	ctx     context.Context
 	pending []timedAction
+	seed    uint64
+	// incarnations counts limiters created, to seed each one apart.
+	incarnations uint64
 }
 
 type timedAction struct {
@@ -67,11 +70,12 @@ type timedAction struct {
 // run plays a scenario and returns what it recorded.
 func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*recorder, error) {
 	w := &world{
-		sc:  sc,
-		clk: clock.NewManual(start),
-		rng: rand.New(rand.NewPCG(seed, 0x1ea5e401d)),
-		dt:  ms(sc.StepMS),
-		ctx: context.Background(),
+		sc:     sc,
+		clk:    clock.NewManual(start),
+		rng:    rand.New(rand.NewPCG(seed, 0x1ea5e401d)),
+		dt:     ms(sc.StepMS),
+		seed:   seed,
+		ctx:    context.Background(),
 		policy: hybrid.Policy{Name: sc.Policy.Name, Limit: sc.Policy.limit(), Version: 1},
 	}
 	w.mem = remote.NewMemory(w.clk)
@@ -159,7 +163,7 @@ func (w *world) spawn() error {
 	id := w.nextID
 	w.nextID++
 	p := &process{id: id, clk: &skewClock{Manual: w.clk}, alive: true}
-	p.store = &faultStore{mem: w.mem, rng: rand.New(rand.NewPCG(w.sc.Seed, uint64(id)+1000)), lat: w.sc.LatencyMS, rec: w.rec}
+	p.store = &faultStore{mem: w.mem, rng: rand.New(rand.NewPCG(w.seed, uint64(id)+1000)), lat: w.sc.LatencyMS, rec: w.rec}
 	if err := w.start(p); err != nil {
 		return err
 	}
@@ -170,7 +174,10 @@ func (w *world) spawn() error {
 func (w *world) start(p *process) error {
 	// One breaker per process, on the virtual clock.
 	bs := breaker.NewStore(p.store, breaker.Settings{Clock: p.clk})
-	lim, err := hybrid.New(bs, w.policy, w.options(p.clk)...)
+	// Seeded per process and incarnation: a run replays exactly.
+	w.incarnations++
+	opts := append(w.options(p.clk), hybrid.WithSeed(w.seed*1_000_003+uint64(w.incarnations)))
+	lim, err := hybrid.New(bs, w.policy, opts...)
 	if err != nil {
 		return fmt.Errorf("process %d: %w", p.id, err)
 	}
