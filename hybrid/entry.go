@@ -205,10 +205,12 @@ func (l *Limiter) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	e.resetAt.Store(now + int64(res.ResetAfter))
 	switch {
 	case res.Granted > 0 && res.Delay <= 0:
+		l.stats.leaseGrants.Add(1)
 		e.emptyUntil.Store(0)
 		l.deposit(e, res.Granted, now)
 		return fetchOutcome{deposited: true}, nil
 	case res.Granted > 0:
+		l.stats.leaseGrants.Add(1)
 		e.emptyUntil.Store(0)
 		l.reserve(e, res.Granted, res.Delay, now)
 		return fetchOutcome{retry: res.Delay}, nil

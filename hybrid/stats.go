@@ -71,6 +71,7 @@ type counters struct {
 	tokensReturned atomic.Int64
 	tokensReserved atomic.Int64
 	tokensDebited  atomic.Int64
+	leaseGrants    atomic.Int64 // Lease replies that granted tokens
 	evictions      atomic.Int64
 	evictedAdmits  atomic.Int64
 	modeChanges    atomic.Int64

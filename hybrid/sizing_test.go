@@ -1,0 +1,47 @@
+package hybrid
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestLeaseSizeFollowsDemand: a key seeing 1 request per second leases one
+// token per store call (a classic limiter); a key seeing 100 000 per second
+// leases hundreds or more per call, never above 10% of Burst.
+func TestLeaseSizeFollowsDemand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lim := Limit{Rate: 1_000_000, Period: time.Second, Burst: 100_000}
+
+	w := newFakeWorld()
+	slow := w.limiter(t, Policy{Name: "slow", Limit: lim})
+	for i := 0; i < 20; i++ {
+		if !slow.Allow(ctx, "k") {
+			t.Fatalf("request %d rejected", i)
+		}
+		w.clk.Advance(time.Second)
+	}
+	s := slow.Stats()
+	if perCall := float64(s.TokensLeased) / float64(leaseCalls(slow)); perCall != 1 {
+		t.Fatalf("a 1/s key leased %.2f tokens per call, want 1 (stats %+v)", perCall, s)
+	}
+
+	w2 := newFakeWorld()
+	hot := w2.limiter(t, Policy{Name: "hot", Limit: lim})
+	for step := 0; step < 500; step++ { // 100 requests per ms for 0.5 s
+		for i := 0; i < 100; i++ {
+			hot.Allow(ctx, "k")
+		}
+		w2.clk.Advance(time.Millisecond)
+	}
+	calls := leaseCalls(hot)
+	perCall := float64(hot.Stats().TokensLeased) / float64(calls)
+	t.Logf("100 000/s key: %d lease calls, %.0f tokens per call", calls, perCall)
+	if perCall < 100 || perCall > float64(lim.Burst)/10 {
+		t.Fatalf("a 100 000/s key leased %.0f tokens per call, want hundreds, at most %d", perCall, lim.Burst/10)
+	}
+}
+
+// leaseCalls counts l's Lease calls that granted tokens.
+func leaseCalls(l *Limiter) int64 { return l.stats.leaseGrants.Load() }
