@@ -12,6 +12,7 @@ test: redis
 	# Fault injection through toxiproxy: its own module, so its dependencies
 	# stay out of leasehold's go.mod.
 	cd internal/faulttest && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...
+	cd benchmarks && $(GO) vet ./...
 
 redis:
 	@if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then \
@@ -24,8 +25,12 @@ redis:
 		exit 1; \
 	fi
 
-bench:
+# Benchmarks: the hybrid fast path against x/time/rate (./hybrid), the local
+# GCRA (./local), and, in the benchmarks module, hybrid against redis_rate and
+# x/time/rate on a real Redis.
+bench: redis
 	$(GO) test -run '^$$' -bench . -benchmem ./local/ ./hybrid/
+	cd benchmarks && $(GO) test -run '^$$' -bench . -benchmem ./...
 
 sim:
 	$(GO) run ./sim

@@ -28,6 +28,7 @@ type entry struct {
 	drained      atomic.Int64 // tokens taken out of the lease unspent
 	misses       atomic.Int64 // tokens asked for on the slow path
 	debt         atomic.Int64 // tokens admitted in degraded mode, not yet charged
+	waiting      atomic.Int64 // tokens wanted by callers waiting on a store call
 
 	key string
 
@@ -84,6 +85,12 @@ func (d *demand) observe(now, count int64) float64 {
 	}
 	dt := now - d.at
 	if dt < int64(minSample) {
+		// Too soon for a sample, but a burst on a cold key must not wait
+		// for one: take it as a rate over the minimum window if that is
+		// higher (attack), and keep the window open.
+		if r := float64(count-d.base) / minSample.Seconds(); r > d.rate {
+			d.rate = r
+		}
 		return d.rate
 	}
 	r := float64(count-d.base) / (float64(dt) / 1e9)
@@ -177,7 +184,9 @@ func (l *Limiter) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	if until := max(e.pendingUntil.Load(), e.emptyUntil.Load()); until > start {
 		return fetchOutcome{retry: time.Duration(until - start)}, nil
 	}
-	want := l.sizeLease(e, p, need, start)
+	// Lease for every caller waiting on this key, not just the one that
+	// started the flight: the others joined it and will take from it.
+	want := min(l.sizeLease(e, p, max(need, e.waiting.Load()), start), p.Limit.Burst)
 	minimum := want
 	if l.cfg.maxDelay == 0 {
 		// Without reservations, take what is there rather than nothing.

@@ -276,7 +276,9 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 			return l.reject(e, p, SourceRemote, p.Limit.DurationFor(n), now), nil
 		}
 		e.misses.Add(n)
+		e.waiting.Add(n)
 		out, err := l.fetch(ctx, e, n)
+		e.waiting.Add(-n)
 		if err != nil {
 			if errors.Is(err, ErrClosed) {
 				return Decision{Limit: p.Limit}, ErrClosed

@@ -2,6 +2,8 @@ package hybrid
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -45,3 +47,29 @@ func TestLeaseSizeFollowsDemand(t *testing.T) {
 
 // leaseCalls counts l's Lease calls that granted tokens.
 func leaseCalls(l *Limiter) int64 { return l.stats.leaseGrants.Load() }
+
+// TestColdKeyBurstIsNotRejected: many goroutines hitting a cold key at
+// once, far below its limit, are all admitted: the first store call leases
+// for every caller waiting on it, not one token for the first.
+func TestColdKeyBurstIsNotRejected(t *testing.T) {
+	t.Parallel()
+	w := newFakeWorld()
+	l := w.limiter(t, Policy{Name: "burst", Limit: Limit{Rate: 1_000_000, Period: time.Second, Burst: 100_000}})
+	var wg sync.WaitGroup
+	var rejected atomic.Int64
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				if !l.Allow(context.Background(), "cold") {
+					rejected.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := rejected.Load(); n != 0 {
+		t.Fatalf("%d of 800 requests on a cold key rejected, limit far above them (stats %+v)", n, l.Stats())
+	}
+}
