@@ -182,6 +182,13 @@ func (r *stepper) step() {
 		r.mu.Unlock()
 		return
 	}
+	if r.next >= len(r.items) { // nothing to send at all
+		r.over = true
+		final := r.rep
+		r.mu.Unlock()
+		r.done(final)
+		return
+	}
 	start := r.next
 	op := r.items[start].Op
 	end := start

@@ -142,3 +142,18 @@ func TestStartIsDrivenByTheClock(t *testing.T) {
 		t.Fatalf("%d timers left after cancel", clk.Pending())
 	}
 }
+
+// TestStartWithNothingToSend still reports, from a step of the clock.
+func TestStartWithNothingToSend(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(time.Unix(0, 0))
+	done := false
+	Settler{Store: remote.NewMemory(clk), Clock: clk}.Start(nil, func(r Report) { done = r.Batches == 0 })
+	if done {
+		t.Fatal("done ran inside Start")
+	}
+	clk.Advance(time.Second)
+	if !done {
+		t.Fatal("done did not run")
+	}
+}
