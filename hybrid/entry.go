@@ -2,12 +2,14 @@ package hybrid
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/leasehold/leasehold/breaker"
 	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/local"
 	"github.com/leasehold/leasehold/remote"
@@ -199,6 +201,9 @@ func (l *Limiter) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	req := remote.Request{Prefix: l.cfg.prefix, Policy: p.Name, Key: e.key, Limit: p.Limit, Version: p.Version,
 		N: want, Min: minimum, MaxDelay: l.cfg.maxDelay}
 	res, err := l.store.Lease(cctx, req)
+	if errors.Is(err, breaker.ErrOpen) {
+		return fetchOutcome{}, err // refused by the breaker: no call was made
+	}
 	l.stats.storeCalls.Add(1)
 	if err != nil {
 		l.stats.storeErrors.Add(1)

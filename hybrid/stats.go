@@ -13,7 +13,8 @@ type Stats struct {
 	Admitted int64
 	Rejected int64
 	// StoreCalls counts store round trips (a batch counts once per request
-	// in it); StoreErrors those that failed.
+	// in it); StoreErrors those that failed. Calls the circuit breaker
+	// refused without trying the store count in neither.
 	StoreCalls  int64
 	StoreErrors int64
 	// TokensLeased counts tokens put into local leases (reservations
