@@ -2,6 +2,7 @@ package hybrid_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -28,7 +29,7 @@ func newWorld() *world {
 		panic(err)
 	}
 	mr.SetTime(start)
-	return &world{mr: mr, clk: clock.NewManual(start), rdb: redis.NewClient(&redis.Options{Addr: mr.Addr()})}
+	return &world{mr: mr, clk: clock.NewManual(start), rdb: redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})}
 }
 
 func (w *world) advance(d time.Duration) {
@@ -94,4 +95,31 @@ func ExampleLimiter_AllowN() {
 	// cost 8: allowed=true retry-after=0s source=remote
 	// cost 4: allowed=false retry-after=200ms source=remote
 	// hybrid: allow 11 on "tenant-a", burst 10: leasehold: n exceeds burst
+}
+
+func ExampleLimiter_SetPolicy() {
+	ctx := context.Background()
+	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	store := remote.NewMemory(clk) // in production: remote.NewRedis(client)
+	v1 := hybrid.Policy{Name: "tenant-api", Limit: hybrid.PerSecond(100), Version: 1}
+	a, _ := hybrid.New(store, v1, hybrid.WithClock(clk))
+	b, _ := hybrid.New(store, v1, hybrid.WithClock(clk))
+	defer a.Close(ctx)
+	defer b.Close(ctx)
+
+	// An incident: halve the limit for the whole fleet from one process.
+	v2 := v1
+	v2.Limit, v2.Version = hybrid.PerSecond(50), 2
+	if err := a.SetPolicy(ctx, v2); err != nil {
+		panic(err)
+	}
+	fmt.Println("b follows:", b.Policy().Version, b.Policy().Limit)
+
+	// A late rollout of the old version is refused and told what is in force.
+	err := b.SetPolicy(ctx, v1)
+	var stale *hybrid.StalePolicyError
+	fmt.Println(errors.Is(err, hybrid.ErrStalePolicy), errors.As(err, &stale) && stale.Current.Version == 2)
+	// Output:
+	// b follows: 2 50/1s burst 50
+	// true true
 }
