@@ -8,6 +8,7 @@ export LEASEHOLD_REQUIRE_REDIS ?= 1
 
 test: redis
 	$(GO) vet ./...
+	GOARCH=386 $(GO) vet ./...  # 64-bit atomics must build on 32-bit targets
 	$(GO) test -race -count=1 -timeout 12m ./...
 	# Fault injection through toxiproxy: its own module, so its dependencies
 	# stay out of leasehold's go.mod.
