@@ -265,10 +265,10 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 			l.refillAsync(e)
 			return l.outage(e, p, n, now), nil
 		}
-		if until := e.emptyUntil.Load(); now < until {
-			return l.reject(e, p, SourceLease, time.Duration(until-now), now), nil
-		}
-		if until := e.pendingUntil.Load(); now < until {
+		if until := max(e.emptyUntil.Load(), e.pendingUntil.Load()); now < until {
+			// Demand all the same: it sizes the next lease, and it keeps
+			// the key (and this cached answer) from being evicted as idle.
+			e.misses.Add(n)
 			return l.reject(e, p, SourceLease, time.Duration(until-now), now), nil
 		}
 		if attempt >= 3 {

@@ -114,6 +114,12 @@ func TestSlowKeyExact(t *testing.T) {
 		}
 		calls := a.Stats().StoreCalls + b.Stats().StoreCalls
 		t.Logf("burst %d: %d admitted, %d store calls", burst, admitted, calls)
+		// A key at its limit costs about one call per process per token
+		// interval (6 s here), not one per request (1 200 requests were
+		// offered): at most twice that, plus the burst's own calls.
+		if limit := 2*2*10 + burst; calls > limit {
+			t.Fatalf("burst %d: %d store calls for 10 token intervals and 2 processes, want ≤ %d", burst, calls, limit)
+		}
 	}
 }
 

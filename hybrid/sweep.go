@@ -29,7 +29,8 @@ func (l *Limiter) sweep() {
 			rets = append(rets, l.returnItem(e.key, n))
 		}
 		activity := e.admits.Load() + e.misses.Load()
-		busy := e.lease.Tokens() > 0 || e.pendingUntil.Load() != 0 || e.refilling.Load() || e.debt.Load() != 0
+		busy := e.lease.Tokens() > 0 || e.pendingUntil.Load() != 0 || e.refilling.Load() || e.debt.Load() != 0 ||
+			e.emptyUntil.Load() > now
 		if activity != e.seen || busy {
 			e.seen, e.idleSweeps = activity, 0
 			return true
