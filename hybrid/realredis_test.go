@@ -202,7 +202,13 @@ func TestExactBoundManyKeys(t *testing.T) {
 	}
 	lim := Limit{Rate: 5000, Period: time.Second, Burst: 500}
 	p := Policy{Name: "many-" + strconv.FormatInt(time.Now().UnixNano(), 36), Limit: lim}
-	lims := newFleet(t, 8, p, standaloneDial)
+	// Each key sees a few requests a second per process here, so nearly
+	// every decision is a synchronous store call (a slow key's lease is one
+	// token). 256 goroutines doing that under the race detector can take
+	// longer than the 50 ms default store timeout, and a decision the store
+	// did not answer in time is refused: give them time, this test is
+	// about the bound.
+	lims := newFleet(t, 8, p, standaloneDial, WithStoreTimeout(time.Second))
 	keys := make([]string, 1000)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k%04d", i)
