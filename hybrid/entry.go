@@ -42,7 +42,7 @@ type entry struct {
 		share    local.Limit // the limit degraded was built for
 	}
 
-	// Owned by the sweeper goroutine (and Close, after the sweeper ended).
+	// Owned by sweep, which runs one pass at a time.
 	seen       int64
 	idleSweeps int
 }

@@ -51,7 +51,6 @@ type Limiter struct {
 	}
 	stop     chan struct{}
 	tickers  []*ticker // set in New, stopped by Close
-	sweeper  *ticker
 	unwatch  func() // stops policy pushes
 	seenGen  atomic.Uint64
 	modeMu   sync.Mutex              // serializes mode transitions
@@ -138,7 +137,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 			cfg.logger.Warn("leasehold: store misconfigured", slog.String("error", err.Error()))
 		}
 	}
-	l.sweeper = l.tick(cfg.sweepInterval, cfg.sweepInterval, l.sweep)
+	l.tick(cfg.sweepInterval, cfg.sweepInterval, l.sweep)
 	if cfg.fleetSize == 0 && bs.CanCountFleet() {
 		l.tick(0, cfg.hbInterval, l.heartbeat)
 	}

@@ -76,10 +76,6 @@ func validatePolicyRecord(prefix, name string, rec PolicyRecord) error {
 	return rec.Limit.Validate()
 }
 
-func encodePolicy(rec PolicyRecord) string {
-	return fmt.Sprintf("%d %d %d %d", rec.Version, rec.Limit.Rate, rec.Limit.Period/time.Microsecond, rec.Limit.Burst)
-}
-
 func decodePolicy(key, s string) (PolicyRecord, error) {
 	f := strings.Fields(s)
 	if len(f) != 4 {
