@@ -51,7 +51,7 @@ type Limiter struct {
 	}
 	stop     chan struct{}
 	tickers  []*ticker // set in New, stopped by Close
-	unwatch  func() // stops policy pushes
+	unwatch  func()    // stops policy pushes
 	seenGen  atomic.Uint64
 	modeMu   sync.Mutex              // serializes mode transitions
 	settling func() []reconcile.Item // cancels a running settlement; guarded by modeMu

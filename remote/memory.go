@@ -18,7 +18,7 @@ type MemoryStore struct {
 	clk      clock.Clock
 	fleet    memFleet
 	policies memPolicies
-	mu  struct {
+	mu       struct {
 		sync.Mutex
 		buckets map[string]memBucket
 		writes  int // since the last expiry sweep

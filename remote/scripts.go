@@ -21,18 +21,21 @@ import "github.com/redis/go-redis/v9"
 // ARGV[8]  maxdelay: µs ahead a lease on an empty bucket may be future-dated
 //
 // State, a string: "level carry last version burst rate per"
-//   level    whole tokens; negative while future-dated grants or debt are out
-//   carry    refill progress toward the next token, in [0, per): a token
-//            arrives each time carry reaches per, and every µs adds rate
-//   last     µs of Redis TIME when level was computed
-//   version  policy version; burst, rate, per: the limit under it
+//
+//	level    whole tokens; negative while future-dated grants or debt are out
+//	carry    refill progress toward the next token, in [0, per): a token
+//	         arrives each time carry reaches per, and every µs adds rate
+//	last     µs of Redis TIME when level was computed
+//	version  policy version; burst, rate, per: the limit under it
 //
 // A newer request version rescales the bucket (tokens used are kept,
 // clamped to the new burst); an older one is refused for leases ("stale")
 // and applied under the bucket's own limit for returns and debits.
 //
 // Reply: {granted, delay_us, remaining, retry_us, reset_us, now_us,
-//         version, stale}
+//
+//	version, stale}
+//
 // Errors: "LEASEHOLD_CORRUPT ..." when the key holds a foreign value or
 // another type (WRONGTYPE, caught with pcall so every server reports it the
 // same way).
