@@ -7,6 +7,7 @@ export LEASEHOLD_REQUIRE_REDIS ?= 1
 .PHONY: test redis bench sim fuzz
 
 test: redis
+	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	GOARCH=386 $(GO) vet ./...  # 64-bit atomics must build on 32-bit targets
 	$(GO) test -race -count=1 -timeout 12m ./...
