@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -77,8 +78,9 @@ func realBackend(name string, c redis.UniversalClient) backend {
 func backends(t *testing.T) []backend {
 	t.Helper()
 	out := []backend{memoryBackend(t), miniredisBackend(t)}
-	if !redistest.Available() {
-		redistest.Standalone(t) // skips, or fails when real Redis is required
+	if !redistest.Available() && os.Getenv(redistest.RequireEnv) != "1" {
+		t.Log("redis-server not on PATH: real Redis and the real cluster are left out (make test installs them)")
+		return out
 	}
 	out = append(out,
 		realBackend("redis", redistest.Standalone(t).Client(t)),
