@@ -5,11 +5,13 @@ import (
 	"errors"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/leasehold/leasehold/remote"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
@@ -275,4 +277,20 @@ func TestSetPolicyBadInput(t *testing.T) {
 	if other.Policy() != next2 {
 		t.Fatalf("other limiter on %+v after a push, want %+v", other.Policy(), next2)
 	}
+}
+
+// TestPolicyRecordHeals: a policy record that expired (or was deleted) is
+// written again by the next poll of any limiter enforcing it.
+func TestPolicyRecordHeals(t *testing.T) {
+	srv := redistest.Standalone(t)
+	admin := srv.Client(t)
+	p := Policy{Name: "heal-" + time.Now().Format("150405.000000"), Limit: PerSecond(10), Version: 4}
+	newFleet(t, 1, p, func(t *testing.T) redis.UniversalClient { return srv.Client(t) }, WithPolicyPoll(20*time.Millisecond))
+	key := remote.PolicyKey("", p.Name)
+	eventually(t, "the record to be published", func() bool { return admin.Exists(context.Background(), key).Val() == 1 })
+	require.NoError(t, admin.Del(context.Background(), key).Err())
+	eventually(t, "the record to come back", func() bool {
+		v, err := admin.Get(context.Background(), key).Result()
+		return err == nil && strings.HasPrefix(v, "4 ")
+	})
 }

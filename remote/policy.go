@@ -13,6 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// PolicyTTL is how long a policy record lives in Redis after it was last
+// set.
+const PolicyTTL = 30 * 24 * time.Hour
+
 // PolicyRecord is a policy version as the store keeps it.
 type PolicyRecord struct {
 	Version uint64
@@ -41,9 +45,11 @@ var (
 )
 
 // setPolicyLua stores a policy record if its version is newer.
-// KEYS[1] the policy key; ARGV: version, rate, period µs, burst.
-// The record is the string "version rate period_us burst"; it has no TTL:
-// a policy outlives idle buckets.
+// KEYS[1] the policy key; ARGV: version, rate, period µs, burst, ttl ms.
+// The record is the string "version rate period_us burst". Like every key
+// leasehold writes it has a TTL, a long one (PolicyTTL): limiters republish
+// the version they enforce when they find no record, so an expired record
+// heals itself at the next poll.
 // Reply: {applied (0/1), stored record string}.
 // Every applied change is PUBLISHed on the policy key's name.
 var setPolicyLua = `
@@ -59,7 +65,7 @@ if cur then
   if v >= tonumber(ARGV[1]) then return {0, cur} end
 end
 local rec = ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]
-redis.call('SET', KEYS[1], rec)
+redis.call('SET', KEYS[1], rec, 'PX', ARGV[5])
 redis.call('PUBLISH', KEYS[1], rec)
 return {1, rec}
 `
@@ -105,7 +111,7 @@ func (s *RedisStore) SetPolicy(ctx context.Context, prefix, name string, rec Pol
 		return PolicyRecord{}, false, err
 	}
 	key := PolicyKey(prefix, name)
-	v, err := setPolicyScript.Run(ctx, s.c, []string{key}, rec.Version, rec.Limit.Rate, int64(rec.Limit.Period/time.Microsecond), rec.Limit.Burst).Slice()
+	v, err := setPolicyScript.Run(ctx, s.c, []string{key}, rec.Version, rec.Limit.Rate, int64(rec.Limit.Period/time.Microsecond), rec.Limit.Burst, PolicyTTL.Milliseconds()).Slice()
 	if err != nil {
 		return PolicyRecord{}, false, classify(key, err)
 	}

@@ -50,6 +50,11 @@ func TestPolicyRecordsEverywhere(t *testing.T) {
 			if err != nil || !ok || got != v2 {
 				t.Fatalf("GetPolicy = %+v, %v, %v", got, ok, err)
 			}
+			if be.client != nil {
+				if ttl := be.ttl(PolicyKey("", name)); ttl < PolicyTTL-time.Minute || ttl > PolicyTTL {
+					t.Fatalf("policy record TTL %v, want about %v", ttl, PolicyTTL)
+				}
+			}
 			if _, _, err := ps.SetPolicy(ctx, "", name, PolicyRecord{Limit: v1.Limit}); !errors.Is(err, ErrInvalidPolicy) {
 				t.Fatalf("SetPolicy(version 0) = %v, want ErrInvalidPolicy", err)
 			}
