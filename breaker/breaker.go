@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,9 +62,6 @@ type Store struct {
 	nextProbe atomic.Int64 // unix ns before which a half-open breaker is treated as open
 	backoff   atomic.Int64 // current probe backoff, ns
 	gen       atomic.Uint64
-
-	subsMu sync.Mutex
-	subs   map[chan<- struct{}]struct{} // notified without blocking
 }
 
 var _ remote.Store = (*Store)(nil)
@@ -91,7 +87,7 @@ func NewStore(next remote.Store, st Settings) *Store {
 	if bs.ReadyToTrip == nil {
 		bs.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 3 }
 	}
-	s := &Store{next: next, latency: st.Latency, timeout: bs.Timeout, maxBack: st.MaxBackoff, clk: st.Clock, subs: map[chan<- struct{}]struct{}{}}
+	s := &Store{next: next, latency: st.Latency, timeout: bs.Timeout, maxBack: st.MaxBackoff, clk: st.Clock}
 	s.backoff.Store(int64(bs.Timeout))
 	userIsSuccessful := bs.IsSuccessful
 	bs.IsSuccessful = func(err error) bool {
@@ -107,8 +103,8 @@ func NewStore(next remote.Store, st Settings) *Store {
 	}
 	userChange := bs.OnStateChange
 	bs.OnStateChange = func(name string, from, to gobreaker.State) {
-		// gobreaker holds its mutex here: only record and notify, never
-		// call back into the breaker.
+		// gobreaker holds its mutex here: only record, never call back into
+		// the breaker. Callers notice changes through Generation.
 		s.onChange(from, to)
 		if userChange != nil {
 			userChange(name, from, to)
@@ -136,21 +132,6 @@ func (s *Store) State() gobreaker.State {
 // it and drop results from an older generation.
 func (s *Store) Generation() uint64 { return s.gen.Load() }
 
-// Notify makes the breaker send on ch, without blocking, after every state
-// change; give ch a buffer of 1 and read State when it fires. gobreaker
-// reports changes while holding its lock, so no callback of ours runs
-// there. The returned func stops the notifications.
-func (s *Store) Notify(ch chan<- struct{}) (stop func()) {
-	s.subsMu.Lock()
-	defer s.subsMu.Unlock()
-	s.subs[ch] = struct{}{}
-	return func() {
-		s.subsMu.Lock()
-		defer s.subsMu.Unlock()
-		delete(s.subs, ch)
-	}
-}
-
 func (s *Store) onChange(from, to gobreaker.State) {
 	s.gen.Add(1)
 	now := s.clk.Now().UnixNano()
@@ -165,14 +146,6 @@ func (s *Store) onChange(from, to gobreaker.State) {
 		s.nextProbe.Store(0)
 	case to == gobreaker.StateOpen:
 		s.nextProbe.Store(now + int64(s.timeout))
-	}
-	s.subsMu.Lock()
-	defer s.subsMu.Unlock()
-	for ch := range s.subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package clock
 
 import (
-	"sort"
 	"sync"
 	"time"
 )
@@ -158,18 +157,6 @@ func (m *Manual) removeLocked(t *manualTimer) bool {
 		}
 	}
 	return false
-}
-
-// sortedDeadlines is used by tests to inspect the queue.
-func (m *Manual) sortedDeadlines() []time.Time {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]time.Time, 0, len(m.mu.timers))
-	for _, t := range m.mu.timers {
-		out = append(out, t.when)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Before(out[j]) })
-	return out
 }
 
 type manualTimer struct {

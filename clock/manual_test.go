@@ -1,6 +1,7 @@
 package clock
 
 import (
+	"sort"
 	"testing"
 	"time"
 )
@@ -108,4 +109,16 @@ func TestRealClockTimers(t *testing.T) {
 	if c.Now().IsZero() {
 		t.Fatal("Now() is zero")
 	}
+}
+
+// sortedDeadlines is used by tests to inspect the queue.
+func (m *Manual) sortedDeadlines() []time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]time.Time, 0, len(m.mu.timers))
+	for _, t := range m.mu.timers {
+		out = append(out, t.when)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Before(out[j]) })
+	return out
 }

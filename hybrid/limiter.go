@@ -365,7 +365,7 @@ func (l *Limiter) entryFor(key string) *entry {
 // ModeHealthy otherwise.
 func (l *Limiter) Mode() Mode {
 	m := l.modeFromBreaker()
-	if m == ModeHealthy && l.recovering() {
+	if m == ModeHealthy && l.recov.Load() {
 		return ModeRecovering
 	}
 	return m

@@ -51,9 +51,6 @@ func (l *Limiter) fleetSize() int {
 	return max(int(l.fleet.Load()), 1)
 }
 
-func (l *Limiter) recovering() bool     { return l.recov.Load() }
-func (l *Limiter) setRecovering(b bool) { l.recov.Store(b) }
-
 // hasOutageDebt reports whether anything is owed to the store: degraded
 // admissions not yet charged or tokens not yet given back.
 func (l *Limiter) hasOutageDebt() bool {
@@ -86,14 +83,14 @@ func (l *Limiter) startSettleLocked() {
 		return true
 	})
 	items = append(items, l.takeQueued()...)
-	l.setRecovering(true)
+	l.recov.Store(true)
 	l.settling = l.settler.Start(items, func(rep reconcile.Report) {
 		l.account(len(items), rep)
 		l.requeue(rep.Failed)
 		l.modeMu.Lock()
 		defer l.modeMu.Unlock()
 		l.settling = nil
-		l.setRecovering(false)
+		l.recov.Store(false)
 		l.setModeLocked(l.modeFromBreaker())
 	})
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/internal/redistest"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -80,7 +79,7 @@ func TestOutageOnRealRedis(t *testing.T) {
 			lim := Limit{Rate: 1000, Period: time.Second, Burst: 100}
 			const storeTimeout = 50 * time.Millisecond
 			lims := newFleet(t, 4, Policy{Name: "outage", Limit: lim},
-				func(t *testing.T) redis.UniversalClient { return srv.Client(t) },
+				dial(srv),
 				WithStoreTimeout(storeTimeout), WithHeartbeat(100*time.Millisecond, 300*time.Millisecond))
 			eventually(t, "heartbeats to count 4", func() bool {
 				for _, l := range lims {
@@ -171,7 +170,7 @@ func TestFleetSizeFromHeartbeats(t *testing.T) {
 	srv := redistest.Standalone(t)
 	p := Policy{Name: "fleet-" + time.Now().Format("150405.000000"), Limit: PerSecond(100)}
 	const interval, expiry = 100 * time.Millisecond, 300 * time.Millisecond
-	lims := newFleet(t, 3, p, func(t *testing.T) redis.UniversalClient { return srv.Client(t) }, WithHeartbeat(interval, expiry))
+	lims := newFleet(t, 3, p, dial(srv), WithHeartbeat(interval, expiry))
 	eventually(t, "N = 3 everywhere", func() bool {
 		return lims[0].FleetSize() == 3 && lims[1].FleetSize() == 3 && lims[2].FleetSize() == 3
 	})
@@ -182,7 +181,7 @@ func TestFleetSizeFromHeartbeats(t *testing.T) {
 		t.Fatalf("N fell to 2 after %v, want within %v", took, expiry+interval)
 	}
 	// A limiter that dies without Close drops out after the expiry.
-	fixed := newFleet(t, 1, p, func(t *testing.T) redis.UniversalClient { return srv.Client(t) }, WithFleetSize(7))
+	fixed := newFleet(t, 1, p, dial(srv), WithFleetSize(7))
 	if got := fixed[0].FleetSize(); got != 7 {
 		t.Fatalf("WithFleetSize(7): FleetSize() = %d", got)
 	}
@@ -203,7 +202,7 @@ func TestFailModesOnRealRedis(t *testing.T) {
 			t.Parallel()
 			srv := redistest.NewServer(t)
 			l := newFleet(t, 1, Policy{Name: "failmode", Limit: PerSecond(10)},
-				func(t *testing.T) redis.UniversalClient { return srv.Client(t) }, WithOutageMode(tc.mode))[0]
+				dial(srv), WithOutageMode(tc.mode))[0]
 			ctx := context.Background()
 			require.True(t, l.Allow(ctx, "k"))
 			require.NoError(t, srv.Kill())
@@ -236,10 +235,10 @@ func TestClockSkewChangesNothing(t *testing.T) {
 	srv := redistest.Standalone(t)
 	lim := Limit{Rate: 2000, Period: time.Second, Burst: 200}
 	p := Policy{Name: "skew-" + time.Now().Format("150405.000000"), Limit: lim}
-	dial := func(t *testing.T) redis.UniversalClient { return srv.Client(t) }
-	ahead := newFleet(t, 1, p, dial, WithClock(clock.Shifted(clock.Real(), 2*time.Second)))[0]
-	behind := newFleet(t, 1, p, dial, WithClock(clock.Shifted(clock.Real(), -2*time.Second)))[0]
-	plain := newFleet(t, 2, p, dial)
+	viaSrv := dial(srv)
+	ahead := newFleet(t, 1, p, viaSrv, WithClock(clock.Shifted(clock.Real(), 2*time.Second)))[0]
+	behind := newFleet(t, 1, p, viaSrv, WithClock(clock.Shifted(clock.Real(), -2*time.Second)))[0]
+	plain := newFleet(t, 2, p, viaSrv)
 	var skewed, unskewed int64
 	var wg sync.WaitGroup
 	for _, run := range []struct {

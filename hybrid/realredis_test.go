@@ -149,7 +149,12 @@ func sum(m map[string]int64) (n int64) {
 }
 
 func standaloneDial(t *testing.T) redis.UniversalClient { return redistest.Standalone(t).Client(t) }
-func clusterDial(t *testing.T) redis.UniversalClient    { return redistest.SharedCluster(t).Client(t) }
+
+// dial returns a newFleet dialer of srv: a new client per limiter.
+func dial(srv *redistest.Server) func(*testing.T) redis.UniversalClient {
+	return func(t *testing.T) redis.UniversalClient { return srv.Client(t) }
+}
+func clusterDial(t *testing.T) redis.UniversalClient { return redistest.SharedCluster(t).Client(t) }
 
 // TestExactBoundUnderLoad: 8 limiters with separate clients on one Redis,
 // 32 goroutines each, Rate 5 000/s Burst 500, 5 s: admitted ≤ Burst +
@@ -244,7 +249,7 @@ func TestRoundTripsUnderLimit(t *testing.T) {
 	srv := redistest.NewServer(t)
 	admin := srv.Client(t)
 	lim := Limit{Rate: 100_000, Period: time.Second, Burst: 10_000}
-	lims := newFleet(t, 8, Policy{Name: "steady", Limit: lim}, func(t *testing.T) redis.UniversalClient { return srv.Client(t) })
+	lims := newFleet(t, 8, Policy{Name: "steady", Limit: lim}, dial(srv))
 	require.NoError(t, admin.ConfigResetStat(context.Background()).Err())
 	const perProcess = 5000
 	d, admitted, _ := steady(lims, 1, perProcess, 3*time.Second, "steady")
@@ -280,7 +285,7 @@ func TestRejectionsCostNoRoundTrips(t *testing.T) {
 	var calls [2]int64
 	var offered [2]int64
 	for i, g := range []int{8, 16} {
-		lims := newFleet(t, 8, Policy{Name: fmt.Sprintf("double-%d", i), Limit: lim}, func(t *testing.T) redis.UniversalClient { return srv.Client(t) })
+		lims := newFleet(t, 8, Policy{Name: fmt.Sprintf("double-%d", i), Limit: lim}, dial(srv))
 		require.NoError(t, admin.ConfigResetStat(context.Background()).Err())
 		off, adm, elapsed := steady(lims, g, 1000, 3*time.Second, "k")
 		calls[i] = scriptCalls(t, admin)

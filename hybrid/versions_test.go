@@ -12,7 +12,6 @@ import (
 
 	"github.com/leasehold/leasehold/internal/redistest"
 	"github.com/leasehold/leasehold/remote"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -85,7 +84,7 @@ func heldTokens(lims []*Limiter) (n int64) {
 func policyFleet(t *testing.T, name string, n int, lim Limit) []*Limiter {
 	srv := redistest.Standalone(t)
 	p := Policy{Name: name + "-" + time.Now().Format("150405.000000"), Limit: lim, Version: 1}
-	return newFleet(t, n, p, func(t *testing.T) redis.UniversalClient { return srv.Client(t) })
+	return newFleet(t, n, p, dial(srv))
 }
 
 // TestPolicyReduceUnderLoad: 8 limiters at 100/s Burst 100 under 3× demand;
@@ -214,11 +213,11 @@ func TestPolicyRollingRollout(t *testing.T) {
 // version 3 enforces version 3 from its first decision that reaches Redis.
 func TestPolicyStartStale(t *testing.T) {
 	srv := redistest.Standalone(t)
-	dial := func(t *testing.T) redis.UniversalClient { return srv.Client(t) }
+	viaSrv := dial(srv)
 	name := "stale-" + time.Now().Format("150405.000000")
 	v3 := Policy{Name: name, Limit: Limit{Rate: 10, Period: time.Hour, Burst: 10}, Version: 3}
-	newFleet(t, 1, v3, dial)[0].syncPolicyOnce() // publishes version 3
-	l := newFleet(t, 1, Policy{Name: name, Limit: PerSecond(1000), Version: 1}, dial)[0]
+	newFleet(t, 1, v3, viaSrv)[0].syncPolicyOnce() // publishes version 3
+	l := newFleet(t, 1, Policy{Name: name, Limit: PerSecond(1000), Version: 1}, viaSrv)[0]
 	d, err := l.AllowN(context.Background(), "k", 1)
 	require.NoError(t, err)
 	if !d.Allowed || d.Limit != v3.Limit || l.Policy().Version != 3 {
@@ -285,7 +284,7 @@ func TestPolicyRecordHeals(t *testing.T) {
 	srv := redistest.Standalone(t)
 	admin := srv.Client(t)
 	p := Policy{Name: "heal-" + time.Now().Format("150405.000000"), Limit: PerSecond(10), Version: 4}
-	newFleet(t, 1, p, func(t *testing.T) redis.UniversalClient { return srv.Client(t) }, WithPolicyPoll(20*time.Millisecond))
+	newFleet(t, 1, p, dial(srv), WithPolicyPoll(20*time.Millisecond))
 	key := remote.PolicyKey("", p.Name)
 	eventually(t, "the record to be published", func() bool { return admin.Exists(context.Background(), key).Val() == 1 })
 	require.NoError(t, admin.Del(context.Background(), key).Err())

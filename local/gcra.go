@@ -85,30 +85,6 @@ func (b *Bucket) TakeAt(now, n int64) (Result, error) {
 	}
 }
 
-// Reserve takes n tokens at now even when the bucket is empty, and returns
-// how long the caller must wait before acting on them. It fails only when
-// the wait would exceed maxWait (nothing is taken then).
-func (b *Bucket) Reserve(now, n int64, maxWait time.Duration) (time.Duration, bool, error) {
-	if n <= 0 {
-		return 0, false, fmt.Errorf("reserve %d: %w", n, ErrInvalidN)
-	}
-	if n > b.lim.Burst {
-		return 0, false, fmt.Errorf("reserve %d of burst %d: %w", n, b.lim.Burst, ErrExceedsBurst)
-	}
-	inc, slack := int64(b.lim.DurationFor(n)), int64(b.lim.floorDuration(b.lim.Burst-n))
-	for {
-		tat := b.tat.Load()
-		base := max(tat, now)
-		wait := max(base-now-slack, 0)
-		if wait > int64(maxWait) {
-			return time.Duration(wait), false, nil
-		}
-		if b.tat.CompareAndSwap(tat, base+inc) {
-			return time.Duration(wait), true, nil
-		}
-	}
-}
-
 // Tokens returns the number of tokens available at now.
 func (b *Bucket) Tokens(now int64) int64 {
 	return b.remaining(max(b.tat.Load()-now, 0))

@@ -144,26 +144,6 @@ func TestBadInput(t *testing.T) {
 	if _, err := b.TakeAt(0, 11); !errors.Is(err, ErrExceedsBurst) {
 		t.Errorf("TakeAt(0, 11) error = %v, want ErrExceedsBurst", err)
 	}
-	if _, _, err := b.Reserve(0, 11, time.Second); !errors.Is(err, ErrExceedsBurst) {
-		t.Errorf("Reserve(0, 11) error = %v, want ErrExceedsBurst", err)
-	}
-}
-
-func TestReserve(t *testing.T) {
-	t.Parallel()
-	b, err := NewBucket(Limit{Rate: 10, Period: time.Second, Burst: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, want := range []time.Duration{0, 0, 100 * time.Millisecond, 200 * time.Millisecond} {
-		got, ok, err := b.Reserve(0, 1, time.Second)
-		if err != nil || !ok || got != want {
-			t.Fatalf("Reserve #%d = %v, %v, %v; want %v, true, nil", i, got, ok, err, want)
-		}
-	}
-	if got, ok, _ := b.Reserve(0, 1, 250*time.Millisecond); ok || got != 300*time.Millisecond {
-		t.Fatalf("Reserve beyond maxWait = %v, %v; want 300ms, false", got, ok)
-	}
 }
 
 // TestConcurrentExactBound hammers one bucket from many goroutines on a

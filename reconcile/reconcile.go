@@ -41,7 +41,7 @@ type Settler struct {
 	Jitter func(max time.Duration) time.Duration
 }
 
-// Report says what a Run did.
+// Report says what a settlement (Start or Send) did.
 type Report struct {
 	Debited, Returned int64 // tokens
 	Batches           int
@@ -59,33 +59,17 @@ type Item struct {
 	Req remote.Request
 }
 
-// Run settles items: debits first (so the bucket reflects what was admitted
-// before anyone leases again), then returns. It stops early when ctx ends;
-// unsent items are reported as Failed.
-func (s Settler) Run(ctx context.Context, items []Item) (Report, error) {
-	s = s.withDefaults()
-	var rep Report
-	if len(items) == 0 {
-		return rep, nil
-	}
-	if err := s.sleep(ctx, s.Jitter(s.MaxJitter)); err != nil {
-		rep.Failed = items
-		return rep, err
-	}
-	return send(ctx, s.Store, items, s.BatchSize, s.Timeout, func() error { return s.sleep(ctx, s.Pace) })
-}
-
 // Send settles items at once, in batches of up to batchSize (debits first),
 // with no jitter or pacing: for small periodic flushes.
 func Send(ctx context.Context, store remote.Store, items []Item, batchSize int) Report {
 	if batchSize <= 0 {
 		batchSize = 256
 	}
-	rep, _ := send(ctx, store, items, batchSize, time.Second, nil)
-	return rep
+	return send(ctx, store, items, batchSize, time.Second)
 }
 
-func send(ctx context.Context, store remote.Store, items []Item, batchSize int, timeout time.Duration, pause func() error) (Report, error) {
+// send sends items in batches of one op each, debits first.
+func send(ctx context.Context, store remote.Store, items []Item, batchSize int, timeout time.Duration) Report {
 	var rep Report
 	ordered := make([]Item, 0, len(items))
 	for _, op := range []remote.Op{remote.OpDebit, remote.OpReturn} {
@@ -100,12 +84,6 @@ func send(ctx context.Context, store remote.Store, items []Item, batchSize int, 
 		end := start
 		for end < len(ordered) && end-start < batchSize && ordered[end].Op == op {
 			end++
-		}
-		if rep.Batches > 0 && pause != nil {
-			if err := pause(); err != nil {
-				rep.Failed = append(rep.Failed, ordered[start:]...)
-				return rep, err
-			}
 		}
 		chunk := ordered[start:end]
 		reqs := make([]remote.Request, len(chunk))
@@ -131,10 +109,12 @@ func send(ctx context.Context, store remote.Store, items []Item, batchSize int, 
 		}
 		start = end
 	}
-	return rep, ctx.Err()
+	return rep
 }
 
-// Start settles items like Run, without blocking: the jitter, each batch
+// Start settles items, debits first (so the bucket reflects what was
+// admitted before anyone leases again), then returns, without blocking:
+// the jitter, each batch
 // and each pause are steps scheduled with After, so on a manual clock the
 // whole run is driven, deterministically, by advancing it. done is called
 // once, from the last step, with the report. cancel stops the run before
@@ -198,7 +178,7 @@ func (r *stepper) step() {
 	r.next = end
 	r.mu.Unlock()
 
-	rep, _ := send(context.Background(), r.s.Store, r.items[start:end], r.s.BatchSize, r.s.Timeout, nil)
+	rep := send(context.Background(), r.s.Store, r.items[start:end], r.s.BatchSize, r.s.Timeout)
 
 	r.mu.Lock()
 	r.rep.Debited += rep.Debited
@@ -259,18 +239,4 @@ func (s Settler) withDefaults() Settler {
 		s.Jitter = func(max time.Duration) time.Duration { return time.Duration(rand.Int64N(int64(max) + 1)) }
 	}
 	return s
-}
-
-func (s Settler) sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := s.Clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C():
-		return nil
-	}
 }

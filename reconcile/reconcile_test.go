@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -45,29 +44,16 @@ func items(op remote.Op, n int) []Item {
 	return out
 }
 
-func TestRunDebitsFirstInBatchesAfterJitter(t *testing.T) {
+func TestStartDebitsFirstInBatches(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
 	rec := &recorder{Store: remote.NewMemory(clk)}
 	s := Settler{Store: rec, Clock: clk, BatchSize: 4, MaxJitter: 100 * time.Millisecond, Pace: 10 * time.Millisecond}
-	in := append(items(remote.OpReturn, 5), items(remote.OpDebit, 6)...)
-	done := make(chan Report, 1)
-	go func() { rep, _ := s.Run(context.Background(), in); done <- rep }()
-	// Nothing is sent before the jitter, and batches are paced on the clock.
-	deadline := time.Now().Add(10 * time.Second)
-	var rep Report
-	for rep.Batches == 0 {
-		select {
-		case rep = <-done:
-		default:
-			if time.Now().After(deadline) {
-				t.Fatal("Run did not finish")
-			}
-			clk.Advance(time.Millisecond)
-			time.Sleep(100 * time.Microsecond) // let Run's goroutine reach its next timer
-		}
-	}
-	if rep.Debited != 12 || rep.Returned != 10 || len(rep.Failed) != 0 {
+	var rep *Report
+	s.Start(append(items(remote.OpReturn, 5), items(remote.OpDebit, 6)...), func(r Report) { rep = &r })
+	// Jitter ≤ 100 ms, then four batches 10 ms apart: all done by 130 ms.
+	clk.Advance(130 * time.Millisecond)
+	if rep == nil || rep.Debited != 12 || rep.Returned != 10 || len(rep.Failed) != 0 {
 		t.Fatalf("Report = %+v, want 12 debited, 10 returned", rep)
 	}
 	want := []remote.Op{remote.OpDebit, remote.OpDebit, remote.OpReturn, remote.OpReturn}
@@ -82,7 +68,7 @@ func TestRunDebitsFirstInBatchesAfterJitter(t *testing.T) {
 	}
 }
 
-func TestRunReportsWhatTheStoreCouldNotTake(t *testing.T) {
+func TestSendReportsWhatTheStoreCouldNotTake(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(time.Unix(0, 0))
 	rec := &recorder{Store: remote.NewMemory(clk), down: true}
@@ -97,12 +83,6 @@ func TestRunReportsWhatTheStoreCouldNotTake(t *testing.T) {
 	rep = Send(context.Background(), rec, bad, 0)
 	if rep.Dropped != 1 || len(rep.Failed) != 0 {
 		t.Fatalf("Send(bad input) = %+v, want 1 dropped", rep)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	r2, err := (Settler{Store: rec, Clock: clk}).Run(ctx, items(remote.OpDebit, 2))
-	if !errors.Is(err, context.Canceled) || len(r2.Failed) != 2 {
-		t.Fatalf("Run with a cancelled ctx = %+v, %v", r2, err)
 	}
 }
 
