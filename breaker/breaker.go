@@ -10,10 +10,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/hooks"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/sony/gobreaker/v2"
 )
@@ -30,9 +32,10 @@ var errSlow = errors.New("breaker: slow call")
 type Settings struct {
 	// Breaker is passed to gobreaker, except that Name defaults to
 	// "leasehold", ReadyToTrip defaults to 3 consecutive failures,
-	// OnStateChange is wrapped so that Store's subscribers hear of changes
-	// too, and Timeout (the open period before the first half-open probe,
-	// default 200 ms) is kept on Clock by this package.
+	// Timeout (the open period before the first half-open probe, default
+	// 200 ms) is kept on Clock by this package, and OnStateChange is called
+	// after gobreaker has released its lock, in the order of the changes,
+	// so it may call back into the Store.
 	Breaker gobreaker.Settings
 	// Latency is the slowest a successful call may be before it counts as
 	// a failure. The default is 500 ms.
@@ -61,7 +64,15 @@ type Store struct {
 
 	nextProbe atomic.Int64 // unix ns before which a half-open breaker is treated as open
 	backoff   atomic.Int64 // current probe backoff, ns
-	gen       atomic.Uint64
+	notify    notifier     // the user's OnStateChange, run outside gobreaker's lock
+}
+
+func init() {
+	hooks.ReportTimeout = func(s any) {
+		if bs, ok := s.(*Store); ok {
+			bs.reportTimeout()
+		}
+	}
 }
 
 var _ remote.Store = (*Store)(nil)
@@ -101,14 +112,12 @@ func NewStore(next remote.Store, st Settings) *Store {
 	if bs.IsExcluded == nil {
 		bs.IsExcluded = func(err error) bool { return errors.Is(err, context.Canceled) }
 	}
-	userChange := bs.OnStateChange
+	s.notify.fn = bs.OnStateChange
 	bs.OnStateChange = func(name string, from, to gobreaker.State) {
-		// gobreaker holds its mutex here: only record, never call back into
-		// the breaker. Callers notice changes through Generation.
+		// gobreaker holds its mutex here: only record. The user's callback
+		// runs from flush, once the breaker call that caused this returned.
 		s.onChange(from, to)
-		if userChange != nil {
-			userChange(name, from, to)
-		}
+		s.notify.add(stateChange{name, from, to})
 	}
 	bs.Timeout = time.Nanosecond // see Store.clk
 	s.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](bs)
@@ -122,18 +131,14 @@ func (s *Store) Unwrap() remote.Store { return s.next }
 // probe backoff reports StateOpen.
 func (s *Store) State() gobreaker.State {
 	st := s.cb.State()
+	s.notify.flush()
 	if st == gobreaker.StateHalfOpen && s.clk.Now().UnixNano() < s.nextProbe.Load() {
 		return gobreaker.StateOpen
 	}
 	return st
 }
 
-// Generation increases on every state change; a caller can stamp work with
-// it and drop results from an older generation.
-func (s *Store) Generation() uint64 { return s.gen.Load() }
-
 func (s *Store) onChange(from, to gobreaker.State) {
-	s.gen.Add(1)
 	now := s.clk.Now().UnixNano()
 	switch {
 	case from == gobreaker.StateHalfOpen && to == gobreaker.StateOpen:
@@ -149,11 +154,13 @@ func (s *Store) onChange(from, to gobreaker.State) {
 	}
 }
 
-// ReportTimeout tells a closed breaker that a caller gave up waiting for
-// the store and counts it as a failed call. Callers should report only when
-// the store has answered nothing at all for a while: a store that answers
-// slowly is judged by its calls' own latency.
-func (s *Store) ReportTimeout() {
+// reportTimeout tells a closed breaker that a caller gave up waiting for
+// the store and counts it as a failed call. Callers report only when the
+// store has answered nothing at all for a while: a store that answers
+// slowly is judged by its calls' own latency. Reached through
+// hooks.ReportTimeout.
+func (s *Store) reportTimeout() {
+	defer s.notify.flush()
 	if s.cb.State() != gobreaker.StateClosed {
 		return
 	}
@@ -164,12 +171,13 @@ func (s *Store) ReportTimeout() {
 
 // call runs fn through the breaker.
 func (s *Store) call(fn func() error) error {
+	defer s.notify.flush()
 	if s.cb.State() == gobreaker.StateHalfOpen && s.clk.Now().UnixNano() < s.nextProbe.Load() {
-		return fmt.Errorf("%w: %w (probe backoff)", remote.ErrUnavailable, ErrOpen)
+		return fmt.Errorf("%w (probe backoff): %w", ErrOpen, remote.ErrUnavailable)
 	}
 	done, err := s.cb.Allow()
 	if err != nil {
-		return fmt.Errorf("%w: %w: %w", remote.ErrUnavailable, ErrOpen, err)
+		return fmt.Errorf("%w: %w: %w", ErrOpen, err, remote.ErrUnavailable)
 	}
 	start := s.clk.Now()
 	err = fn()
@@ -247,12 +255,6 @@ func (s *Store) Leave(ctx context.Context, prefix, policy, member string) error 
 	return s.call(func() error { return f.Leave(ctx, prefix, policy, member) })
 }
 
-// CanCountFleet reports whether the wrapped store implements remote.Fleet.
-func (s *Store) CanCountFleet() bool {
-	_, ok := s.next.(remote.Fleet)
-	return ok
-}
-
 var _ remote.Policies = (*Store)(nil)
 
 var errNoPolicies = errors.New("breaker: store does not implement remote.Policies")
@@ -289,9 +291,54 @@ func (s *Store) WatchPolicy(ctx context.Context, prefix, name string, changed fu
 	return p.WatchPolicy(ctx, prefix, name, changed)
 }
 
-// KeepsPolicies reports whether the wrapped store implements
-// remote.Policies.
-func (s *Store) KeepsPolicies() bool {
-	_, ok := s.next.(remote.Policies)
-	return ok
+// stateChange is one transition reported by gobreaker.
+type stateChange struct {
+	name     string
+	from, to gobreaker.State
+}
+
+// notifier delivers state changes to the user's callback in order, from
+// whichever goroutine finishes a breaker call first, never under a lock:
+// a callback may call State or make store calls without deadlocking.
+type notifier struct {
+	fn func(name string, from, to gobreaker.State)
+	mu struct {
+		sync.Mutex
+		pending    []stateChange
+		delivering bool // a goroutine is draining pending
+	}
+}
+
+func (n *notifier) add(c stateChange) {
+	if n.fn == nil {
+		return
+	}
+	n.mu.Lock()
+	n.mu.pending = append(n.mu.pending, c)
+	n.mu.Unlock()
+}
+
+func (n *notifier) flush() {
+	if n.fn == nil {
+		return
+	}
+	n.mu.Lock()
+	if n.mu.delivering {
+		// The goroutine delivering (possibly this one, from inside the
+		// callback) will find what was added after it started.
+		n.mu.Unlock()
+		return
+	}
+	n.mu.delivering = true
+	for len(n.mu.pending) > 0 {
+		batch := n.mu.pending
+		n.mu.pending = nil
+		n.mu.Unlock()
+		for _, c := range batch {
+			n.fn(c.name, c.from, c.to)
+		}
+		n.mu.Lock()
+	}
+	n.mu.delivering = false
+	n.mu.Unlock()
 }

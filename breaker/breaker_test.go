@@ -53,8 +53,11 @@ func waitState(t *testing.T, s *Store, want gobreaker.State, within time.Duratio
 
 func TestOpensOnErrorsAndFailsFast(t *testing.T) {
 	t.Parallel()
-	f, s := newFake()
-	gen := s.Generation()
+	f := &fake{Store: remote.NewMemory(clock.Real())}
+	var changes atomic.Int64
+	s := NewStore(f, Settings{Latency: 20 * time.Millisecond, MaxBackoff: 400 * time.Millisecond,
+		Breaker: gobreaker.Settings{Timeout: 50 * time.Millisecond,
+			OnStateChange: func(string, gobreaker.State, gobreaker.State) { changes.Add(1) }}})
 	ctx := context.Background()
 	f.down.Store(true)
 	for i := 0; i < 3; i++ {
@@ -65,8 +68,8 @@ func TestOpensOnErrorsAndFailsFast(t *testing.T) {
 	if got := s.State(); got != gobreaker.StateOpen {
 		t.Fatalf("after 3 failures state = %v, want open", got)
 	}
-	if s.Generation() == gen {
-		t.Fatal("Generation did not move with the state change")
+	if changes.Load() == 0 {
+		t.Fatal("OnStateChange did not hear of the state change")
 	}
 	before := f.calls.Load()
 	_, err := s.Lease(ctx, req)
@@ -142,7 +145,7 @@ func TestProbeBackoffDoubles(t *testing.T) {
 func TestFleetPassThrough(t *testing.T) {
 	t.Parallel()
 	s := NewStore(remote.NewMemory(clock.Real()), Settings{})
-	if !s.CanCountFleet() {
+	if _, ok := s.Unwrap().(remote.Fleet); !ok {
 		t.Fatal("MemoryStore behind a breaker cannot count its fleet")
 	}
 	n, err := s.Heartbeat(context.Background(), "", "p", "a", time.Second)
@@ -176,5 +179,38 @@ func TestOpenPeriodFollowsTheClock(t *testing.T) {
 	clk.Advance(time.Millisecond)
 	if got := s.State(); got != gobreaker.StateHalfOpen {
 		t.Fatalf("state = %v at 1s, want half-open", got)
+	}
+}
+
+// TestOnStateChangeMayCallBack: the user's callback runs outside
+// gobreaker's lock, so one that asks for the state or calls the store
+// again does not deadlock (it did when it ran inside gobreaker's mutex,
+// on the third failure), and it hears every change in order.
+func TestOnStateChangeMayCallBack(t *testing.T) {
+	t.Parallel()
+	f := &fake{Store: remote.NewMemory(clock.Real())}
+	var s *Store
+	var seen []gobreaker.State
+	s = NewStore(f, Settings{Breaker: gobreaker.Settings{Timeout: 10 * time.Millisecond,
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			seen = append(seen, to)
+			_ = s.State()
+			_, _ = s.Lease(context.Background(), req) // refused or a probe: either way no deadlock
+		}}})
+	f.down.Store(true)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 3; i++ {
+			_, _ = s.Lease(context.Background(), req)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a callback calling back into the breaker deadlocked")
+	}
+	if len(seen) == 0 || seen[0] != gobreaker.StateOpen {
+		t.Fatalf("callback saw %v, want open first", seen)
 	}
 }

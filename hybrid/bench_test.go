@@ -24,8 +24,7 @@ func hotLimiter(tb testing.TB) *Limiter {
 	if !l.Allow(context.Background(), "hot") {
 		tb.Fatal("first Allow rejected")
 	}
-	v, _ := l.entries.Load("hot")
-	e := v.(*entry)
+	e := l.keys.load("hot")
 	// Stand in for a lease the store granted: the bench must not depend
 	// on refill timing.
 	e.lease.Add(1<<40, int64(time.Hour))

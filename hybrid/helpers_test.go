@@ -52,12 +52,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func quiesce(t *testing.T, l *Limiter) {
 	t.Helper()
 	eventually(t, "refills to finish", func() bool {
-		busy := false
-		l.entries.Range(func(_, v any) bool {
-			busy = v.(*entry).refilling.Load()
-			return !busy
-		})
-		return !busy
+		return !l.keys.any(func(e *entry) bool { return e.refilling.Load() })
 	})
 }
 

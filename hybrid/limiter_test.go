@@ -139,8 +139,8 @@ func TestCloseGivesTokensBack(t *testing.T) {
 	}
 	quiesce(t, l)
 	held := int64(0)
-	if v, ok := l.entries.Load("k"); ok {
-		held = v.(*entry).lease.Tokens()
+	if e := l.keys.load("k"); e != nil {
+		held = e.lease.Tokens()
 	}
 	if held == 0 {
 		t.Fatal("no tokens leased before Close; the test proves nothing")

@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -36,7 +37,12 @@ type config struct {
 	policyPoll    time.Duration
 	seed          uint64
 	seeded        bool
+	epoch         time.Time // process clock origin of every mono ns value; set by New
 }
+
+// now is the process clock in nanoseconds since the limiter was created:
+// monotonic with the real clock, and read once per decision.
+func (c *config) now() int64 { return int64(c.clk.Now().Sub(c.epoch)) }
 
 func buildConfig(opts []Option) (config, error) {
 	c := config{
@@ -55,46 +61,14 @@ func buildConfig(opts []Option) (config, error) {
 	for _, o := range opts {
 		o.apply(&c)
 	}
-	switch {
-	case c.leaseTTL <= 0:
-		return c, fmt.Errorf("hybrid: lease TTL %v must be positive", c.leaseTTL)
-	case c.horizon <= 0:
-		return c, fmt.Errorf("hybrid: refill horizon %v must be positive", c.horizon)
-	case !(c.maxFraction > 0 && c.maxFraction <= 1):
-		return c, fmt.Errorf("hybrid: max lease fraction %v must be in (0, 1]", c.maxFraction)
-	case c.storeTimeout <= 0:
-		return c, fmt.Errorf("hybrid: store timeout %v must be positive", c.storeTimeout)
-	case c.maxKeys <= 0:
-		return c, fmt.Errorf("hybrid: max keys %d must be positive", c.maxKeys)
-	case c.clk == nil:
-		return c, fmt.Errorf("hybrid: nil clock")
-	case c.outage < OutageDegraded || c.outage > OutageFailClosed:
-		return c, fmt.Errorf("hybrid: unknown outage mode %d", c.outage)
-	case c.fleetSize < 0:
-		return c, fmt.Errorf("hybrid: fleet size %d must not be negative", c.fleetSize)
-	case c.logger == nil:
-		return c, fmt.Errorf("hybrid: nil logger")
-	}
-	if err := remote.ValidateKey(c.prefix, "p", "k"); err != nil {
-		return c, err
-	}
-	if c.policyPoll <= 0 {
-		return c, fmt.Errorf("hybrid: policy poll interval %v must be positive", c.policyPoll)
-	}
-	if c.hbInterval <= 0 {
-		return c, fmt.Errorf("hybrid: heartbeat interval %v must be positive", c.hbInterval)
-	}
 	if c.hbExpiry == 0 {
 		c.hbExpiry = 3 * c.hbInterval
-	}
-	if c.hbExpiry < c.hbInterval {
-		return c, fmt.Errorf("hybrid: heartbeat expiry %v below interval %v", c.hbExpiry, c.hbInterval)
 	}
 	if !c.maxDelaySet {
 		c.maxDelay = c.leaseTTL / 2
 	}
-	if c.maxDelay < 0 || c.maxDelay >= c.leaseTTL {
-		return c, fmt.Errorf("hybrid: max reservation %v must be in [0, lease TTL %v)", c.maxDelay, c.leaseTTL)
+	if err := c.validate(); err != nil {
+		return c, fmt.Errorf("hybrid: %w: %w", ErrInvalidOption, err)
 	}
 	c.sweepInterval = min(c.leaseTTL/4, 250*time.Millisecond)
 	// Background refills are on no request's path: they may wait longer
@@ -102,6 +76,34 @@ func buildConfig(opts []Option) (config, error) {
 	// so that a briefly slow store costs no leased tokens.
 	c.refillTimeout = max(c.storeTimeout, 500*time.Millisecond)
 	return c, nil
+}
+
+// validate reports the first setting that cannot work.
+func (c *config) validate() error {
+	checks := []struct {
+		bad bool
+		msg string
+	}{
+		{c.leaseTTL <= 0, fmt.Sprintf("lease TTL %v must be positive", c.leaseTTL)},
+		{c.horizon <= 0, fmt.Sprintf("refill horizon %v must be positive", c.horizon)},
+		{!(c.maxFraction > 0 && c.maxFraction <= 1), fmt.Sprintf("max lease fraction %v must be in (0, 1]", c.maxFraction)},
+		{c.storeTimeout <= 0, fmt.Sprintf("store timeout %v must be positive", c.storeTimeout)},
+		{c.maxKeys <= 0, fmt.Sprintf("max keys %d must be positive", c.maxKeys)},
+		{c.clk == nil, "nil clock"},
+		{c.outage < OutageDegraded || c.outage > OutageFailClosed, fmt.Sprintf("unknown outage mode %d", c.outage)},
+		{c.fleetSize < 0, fmt.Sprintf("fleet size %d must not be negative", c.fleetSize)},
+		{c.logger == nil, "nil logger"},
+		{c.policyPoll <= 0, fmt.Sprintf("policy poll interval %v must be positive", c.policyPoll)},
+		{c.hbInterval <= 0, fmt.Sprintf("heartbeat interval %v must be positive", c.hbInterval)},
+		{c.hbExpiry < c.hbInterval, fmt.Sprintf("heartbeat expiry %v below interval %v", c.hbExpiry, c.hbInterval)},
+		{c.maxDelay < 0 || c.maxDelay >= c.leaseTTL, fmt.Sprintf("max reservation %v must be in [0, lease TTL %v)", c.maxDelay, c.leaseTTL)},
+	}
+	for _, ch := range checks {
+		if ch.bad {
+			return errors.New(ch.msg)
+		}
+	}
+	return remote.ValidateKey(c.prefix, "p", "k")
 }
 
 // WithPrefix namespaces every Redis key of the limiter. The default is

@@ -2,97 +2,128 @@ package hybrid
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
-	"github.com/leasehold/leasehold/reconcile"
+	"github.com/leasehold/leasehold/breaker"
+	"github.com/leasehold/leasehold/local"
 	"github.com/leasehold/leasehold/remote"
 )
 
-// observeClock feeds the Redis-time offset estimator with one round trip
-// (start and end in mono ns).
-func (l *Limiter) observeClock(res remote.Result, start, end int64) {
-	l.offset.Observe(l.epoch.Add(time.Duration(start)), l.epoch.Add(time.Duration(end)), res.Now)
+// outage owns decisions while the store is unavailable: the OutageMode,
+// each key's degraded GCRA at this process's share of the limit, the
+// fleet size that share is taken from (heartbeats or configured), and what
+// the outage still owes the store once it is back.
+type outage struct {
+	cfg   *config
+	stats *counters
+	fleet remote.Fleet // through the breaker; nil when the store cannot count
+	id    string       // this limiter's member name in the fleet set
+	count atomic.Int64 // live fleet size from heartbeats; 0 = unknown
 }
 
-// ClockOffset returns the estimated store clock minus this process's clock
-// (0 before the first store reply). Decisions never depend on it: every
-// duration the store returns is applied from the moment its reply arrived,
-// which is conservative whatever the offset.
-func (l *Limiter) ClockOffset() time.Duration {
-	d, _ := l.offset.Get()
-	return d
-}
-
-// heartbeat announces this limiter in the policy's fleet set (every
-// heartbeat interval) and keeps the live count. Failures keep the last
-// count: during an outage the fleet is as big as it was before.
-func (l *Limiter) heartbeat() {
-	if l.Mode() == ModeDegraded {
-		return // the breaker is open: do not add to the store's load
+func newOutage(cfg *config, stats *counters, store *breaker.Store, id string) *outage {
+	o := &outage{cfg: cfg, stats: stats, id: id}
+	if _, ok := store.Unwrap().(remote.Fleet); ok && cfg.fleetSize == 0 {
+		o.fleet = store
 	}
-	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.refillTimeout)
-	defer cancel()
-	if n, err := l.store.Heartbeat(ctx, l.cfg.prefix, l.pol.Load().Name, l.id, l.cfg.hbExpiry); err == nil {
-		l.fleet.Store(int64(n))
-		l.lastOK.Store(l.now())
-	}
+	return o
 }
 
-// FleetSize returns N, the number of processes this limiter assumes share
-// its policy: WithFleetSize if set, else the last heartbeat count, else 1.
-func (l *Limiter) FleetSize() int { return l.fleetSize() }
-
-// fleetSize is N for degraded-mode shares: the configured size, else the
-// last size heartbeats reported, else 1.
-func (l *Limiter) fleetSize() int {
-	if l.cfg.fleetSize > 0 {
-		return l.cfg.fleetSize
+// decide admits or refuses n on e by the outage mode, at now.
+func (o *outage) decide(e *entry, p *policyState, n, now int64) Decision {
+	switch o.cfg.outage {
+	case OutageFailOpen:
+		o.stats.admitted[SourceFailOpen].Add(1)
+		e.debt.Add(n)
+		return Decision{Allowed: true, Limit: p.Limit, Source: SourceFailOpen}
+	case OutageFailClosed:
+		o.stats.rejected[SourceFailClosed].Add(1)
+		return Decision{Limit: p.Limit, RetryAfter: o.cfg.storeTimeout, Source: SourceFailClosed}
 	}
-	return max(int(l.fleet.Load()), 1)
-}
-
-// hasOutageDebt reports whether anything is owed to the store: degraded
-// admissions not yet charged or tokens not yet given back.
-func (l *Limiter) hasOutageDebt() bool {
-	owed := false
-	l.entries.Range(func(_, v any) bool {
-		owed = v.(*entry).debt.Load() != 0
-		return !owed
-	})
-	if owed {
-		return true
-	}
-	l.returns.Lock()
-	defer l.returns.Unlock()
-	return len(l.returns.items) > 0
-}
-
-// startSettleLocked charges what the outage admitted and gives back queued
-// tokens, through the reconcile package: jittered, paced, batched, each
-// step a callback of the limiter's clock. What the store could not take
-// stays queued for the sweeper or the next recovery. Requires l.modeMu.
-func (l *Limiter) startSettleLocked() {
-	p := l.pol.Load()
-	now := l.now()
-	var items []reconcile.Item
-	l.entries.Range(func(_, v any) bool {
-		e := v.(*entry)
-		if d := l.unpaid(e, p, e.debt.Swap(0), now); d > 0 {
-			items = append(items, reconcile.Item{Op: remote.OpDebit, Req: l.debitReq(p, e.key, d)})
+	b := o.degradedBucket(e, p, now)
+	r, err := b.TakeAt(now, n)
+	if err != nil || !r.Allowed {
+		o.stats.rejected[SourceDegraded].Add(1)
+		wait := r.RetryAfter
+		if err != nil { // n above this process's share of Burst
+			wait = p.Limit.DurationFor(n)
 		}
-		return true
-	})
-	items = append(items, l.takeQueued()...)
-	l.recov.Store(true)
-	l.settling = l.settler.Start(items, func(rep reconcile.Report) {
-		l.account(len(items), rep)
-		l.requeue(rep.Failed)
-		l.modeMu.Lock()
-		defer l.modeMu.Unlock()
-		l.settling = nil
-		l.recov.Store(false)
-		l.setModeLocked(l.modeFromBreaker())
-	})
+		return Decision{Limit: b.Limit(), Remaining: r.Remaining, RetryAfter: wait, ResetAfter: r.ResetAfter, Source: SourceDegraded}
+	}
+	o.stats.admitted[SourceDegraded].Add(1)
+	e.debt.Add(n)
+	return Decision{Allowed: true, Limit: b.Limit(), Remaining: r.Remaining, ResetAfter: r.ResetAfter, Source: SourceDegraded}
+}
+
+// degradedBucket returns e's local GCRA at this process's share of the
+// limit, rebuilt when the policy or the fleet size changes.
+func (o *outage) degradedBucket(e *entry, p *policyState, now int64) *local.Bucket {
+	share := o.share(p.Limit)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mu.degraded == nil || e.mu.share != share {
+		b, err := local.NewBucket(share)
+		if err != nil { // the share cannot be expressed; fall back to the whole limit
+			b, _ = local.NewBucket(p.Limit)
+		}
+		if e.added.Load() > 0 {
+			// The key was in use when the store went away: its global
+			// bucket was likely drawn down, so the share starts empty and
+			// refills at its rate instead of granting a fresh burst.
+			b.Empty(now)
+		}
+		e.mu.degraded, e.mu.share = b, share
+	}
+	return e.mu.degraded
+}
+
+// share is this process's part of lim: Rate/N per Period (as Rate per
+// N·Period, exactly) and Burst/N, at least 1.
+func (o *outage) share(lim local.Limit) local.Limit {
+	n := int64(o.size())
+	if n <= 1 {
+		return lim
+	}
+	s := local.Limit{Rate: lim.Rate, Period: lim.Period * time.Duration(n), Burst: max(1, lim.Burst/n)}
+	if s.Validate() != nil || s.Period/time.Duration(n) != lim.Period {
+		return lim
+	}
+	return s
+}
+
+// size is N for degraded-mode shares: the configured size, else the last
+// size heartbeats reported, else 1.
+func (o *outage) size() int {
+	if o.cfg.fleetSize > 0 {
+		return o.cfg.fleetSize
+	}
+	return max(int(o.count.Load()), 1)
+}
+
+// heartbeat announces this limiter in the policy's fleet set and keeps
+// the live count; it reports whether the store answered. Failures keep the
+// last count: during an outage the fleet is as big as it was before.
+func (o *outage) heartbeat(ctx context.Context, policy string) bool {
+	if o.fleet == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.cfg.refillTimeout)
+	defer cancel()
+	n, err := o.fleet.Heartbeat(ctx, o.cfg.prefix, policy, o.id, o.cfg.hbExpiry)
+	if err != nil {
+		return false
+	}
+	o.count.Store(int64(n))
+	return true
+}
+
+// leave removes this limiter from the fleet set at once (Close), rather
+// than after the heartbeat expiry.
+func (o *outage) leave(ctx context.Context, policy string) {
+	if o.fleet != nil {
+		_ = o.fleet.Leave(ctx, o.cfg.prefix, policy, o.id)
+	}
 }
 
 // unpaid is the part of admitted (tokens a key admitted while the store
@@ -102,7 +133,7 @@ func (l *Limiter) startSettleLocked() {
 // degraded mode the local share bucket knows exactly how much of its
 // recent use is still outstanding; fail-open has no such bucket and is
 // charged at most one Burst, leaving the key empty.
-func (l *Limiter) unpaid(e *entry, p *policyState, admitted, now int64) int64 {
+func (o *outage) unpaid(e *entry, p *policyState, admitted, now int64) int64 {
 	if admitted <= 0 {
 		return 0
 	}
@@ -114,10 +145,4 @@ func (l *Limiter) unpaid(e *entry, p *policyState, admitted, now int64) int64 {
 	}
 	used := b.Limit().Burst - b.Tokens(now)
 	return min(admitted, used)
-}
-
-func (l *Limiter) debitReq(p *policyState, key string, n int64) remote.Request {
-	// A debit may exceed Burst after a long outage; the store takes at most
-	// MaxBurst per call, which is far above any sane debt.
-	return remote.Request{Prefix: l.cfg.prefix, Policy: p.Name, Key: key, Limit: p.Limit, Version: p.Version, N: n}
 }

@@ -69,23 +69,26 @@ var (
 	// version 0 given to SetPolicy, or a version too large to store.
 	ErrInvalidPolicy = remote.ErrInvalidPolicy
 	// ErrStalePolicy: SetPolicy with a version not above the one in force.
-	ErrStalePolicy = errors.New("leasehold: stale policy version")
+	ErrStalePolicy = errors.New("hybrid: stale policy version")
 	// ErrClosed: the limiter was closed.
-	ErrClosed = errors.New("leasehold: limiter closed")
+	ErrClosed = errors.New("hybrid: limiter closed")
+	// ErrInvalidOption: an option New cannot work with (a non-positive
+	// duration, a nil clock or logger, a prefix with braces, ...).
+	ErrInvalidOption = errors.New("hybrid: invalid option")
 )
 
 func validatePolicy(p Policy) error {
 	if err := remote.ValidateKey("", p.Name, "k"); err != nil {
-		return fmt.Errorf("policy %q: %w", p.Name, err)
+		return fmt.Errorf("hybrid: policy %q: %w", p.Name, err)
 	}
 	if p.Algorithm != GCRA {
-		return fmt.Errorf("policy %q: %w: algorithm %v is not supported", p.Name, ErrInvalidPolicy, p.Algorithm)
+		return fmt.Errorf("hybrid: policy %q: %w: algorithm %v is not supported", p.Name, ErrInvalidPolicy, p.Algorithm)
 	}
 	if p.Version > remote.MaxVersion {
-		return fmt.Errorf("policy %q: %w: version %d above %d", p.Name, ErrInvalidPolicy, p.Version, remote.MaxVersion)
+		return fmt.Errorf("hybrid: policy %q: %w: version %d above %d", p.Name, ErrInvalidPolicy, p.Version, remote.MaxVersion)
 	}
 	if err := p.Limit.Validate(); err != nil {
-		return fmt.Errorf("policy %q: %w", p.Name, err)
+		return fmt.Errorf("hybrid: policy %q: %w", p.Name, err)
 	}
 	return nil
 }

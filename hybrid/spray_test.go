@@ -41,7 +41,7 @@ func TestKeySpray(t *testing.T) {
 		if i%100 == 99 {
 			clk.Advance(time.Millisecond) // let sweeps run
 		}
-		if n := l.nkeys.Load(); n > maxTracked {
+		if n := l.keys.n.Load(); n > maxTracked {
 			maxTracked = n
 		}
 		if i == 2*maxKeys {

@@ -73,8 +73,6 @@ type counters struct {
 	tokensReserved atomic.Int64
 	tokensDebited  atomic.Int64
 	leaseGrants    atomic.Int64 // Lease replies that granted tokens
-	evictions      atomic.Int64
-	evictedAdmits  atomic.Int64
 	modeChanges    atomic.Int64
 	policyChanges  atomic.Int64
 }
@@ -90,20 +88,19 @@ func (l *Limiter) Stats() Stats {
 		TokensReturned: l.stats.tokensReturned.Load(),
 		TokensReserved: l.stats.tokensReserved.Load(),
 		TokensDebited:  l.stats.tokensDebited.Load(),
-		KeysTracked:    l.nkeys.Load(),
-		Evictions:      l.stats.evictions.Load(),
+		KeysTracked:    l.keys.len(),
+		Evictions:      l.keys.evictions.Load(),
 		Mode:           l.Mode(),
 		ModeChanges:    l.stats.modeChanges.Load(),
 		PolicyChanges:  l.stats.policyChanges.Load(),
 		ClockOffset:    l.ClockOffset(),
-		FleetSize:      l.fleetSize(),
+		FleetSize:      l.outage.size(),
 	}
 	for i := range s.bySource {
 		s.bySource[i] = SourceStats{Admitted: l.stats.admitted[i].Load(), Rejected: l.stats.rejected[i].Load()}
 	}
-	leaseAdmits := l.stats.evictedAdmits.Load()
-	l.entries.Range(func(_, v any) bool {
-		e := v.(*entry)
+	leaseAdmits := l.keys.evictedAdmits.Load()
+	l.keys.each(func(e *entry) {
 		leaseAdmits += e.admits.Load()
 		s.OutageDebt += e.debt.Load()
 		s.TokensHeld += e.lease.Tokens()
@@ -112,7 +109,6 @@ func (l *Limiter) Stats() Stats {
 			s.TokensHeld += r.n
 		}
 		e.mu.Unlock()
-		return true
 	})
 	// Admissions right after a store call are counted as SourceRemote by
 	// the slow path and, like every lease admission, in admits; move them.
@@ -123,8 +119,5 @@ func (l *Limiter) Stats() Stats {
 		s.Rejected += b.Rejected
 	}
 	s.Decisions = s.Admitted + s.Rejected
-	if s.KeysTracked < 0 {
-		s.KeysTracked = 0
-	}
 	return s
 }

@@ -67,15 +67,13 @@ func drive(ctx context.Context, lims []*Limiter, perLimiter float64, key string,
 // leased tokens and pending reservations.
 func heldTokens(lims []*Limiter) (n int64) {
 	for _, l := range lims {
-		l.entries.Range(func(_, v any) bool {
-			e := v.(*entry)
+		l.keys.each(func(e *entry) {
 			n += e.lease.Tokens()
 			e.mu.Lock()
 			for _, r := range e.mu.pending {
 				n += r.n
 			}
 			e.mu.Unlock()
-			return true
 		})
 	}
 	return n
@@ -216,7 +214,8 @@ func TestPolicyStartStale(t *testing.T) {
 	viaSrv := dial(srv)
 	name := "stale-" + time.Now().Format("150405.000000")
 	v3 := Policy{Name: name, Limit: Limit{Rate: 10, Period: time.Hour, Burst: 10}, Version: 3}
-	newFleet(t, 1, v3, viaSrv)[0].syncPolicyOnce() // publishes version 3
+	l3 := newFleet(t, 1, v3, viaSrv)[0]
+	l3.policy.syncOnce(l3.bg.ctx) // publishes version 3
 	l := newFleet(t, 1, Policy{Name: name, Limit: PerSecond(1000), Version: 1}, viaSrv)[0]
 	d, err := l.AllowN(context.Background(), "k", 1)
 	require.NoError(t, err)

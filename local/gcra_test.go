@@ -186,11 +186,6 @@ func TestTakeAtAllocatesNothing(t *testing.T) {
 	if a := testing.AllocsPerRun(1000, func() { now += 1000; _, _ = b.TakeAt(now, 1) }); a != 0 {
 		t.Fatalf("TakeAt allocates %v per call, want 0", a)
 	}
-	var c Lease
-	c.Add(1<<40, 0)
-	if a := testing.AllocsPerRun(1000, func() { c.Take(1) }); a != 0 {
-		t.Fatalf("Lease.Take allocates %v per call, want 0", a)
-	}
 }
 
 // FuzzBucketTakeAt checks, for any limit and any sequence of takes and time
@@ -262,25 +257,6 @@ func BenchmarkTakeAt(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				_, _ = bk.TakeAt(now.Add(10), 1)
-			}
-		})
-	})
-}
-
-func BenchmarkLeaseTake(b *testing.B) {
-	var c Lease
-	c.Add(math.MaxInt64/4, 0)
-	b.Run("serial", func(b *testing.B) {
-		b.ReportAllocs()
-		for i := 0; i < b.N; i++ {
-			c.Take(1)
-		}
-	})
-	b.Run("parallel", func(b *testing.B) {
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				c.Take(1)
 			}
 		})
 	})

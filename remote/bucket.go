@@ -3,7 +3,7 @@ package remote
 import (
 	"time"
 
-	"github.com/leasehold/leasehold/local"
+	"github.com/leasehold/leasehold/internal/exact"
 )
 
 // maxDebt bounds how far below zero a bucket may go, so every value stays
@@ -76,7 +76,7 @@ func (s *state) refill(now int64) {
 
 // apply runs op on the bucket at store time now (µs) and returns the new
 // state and the reply. It mirrors bucketLua line for line.
-func apply(st state, exists bool, op Op, r *Request, m local.Micros, now int64) (state, Result) {
+func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now int64) (state, Result) {
 	stale := false
 	if !exists {
 		st = state{level: m.Burst, last: now, version: r.Version, burst: m.Burst, rate: m.Rate, per: m.Per}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Fleet is implemented by stores that can count the live limiters of a
@@ -24,22 +22,6 @@ var (
 	_ Fleet = (*RedisStore)(nil)
 	_ Fleet = (*MemoryStore)(nil)
 )
-
-// heartbeatLua keeps a sorted set of members scored by Redis TIME in ms.
-// KEYS[1] the fleet key; ARGV[1] member; ARGV[2] expiry in ms.
-// Reply: the number of members heard from within the expiry.
-var heartbeatLua = `
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expiry = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - expiry)
-redis.call('PEXPIRE', KEYS[1], 2 * expiry)
-return redis.call('ZCARD', KEYS[1])
-`
-
-var heartbeatScript = redis.NewScript(heartbeatLua)
 
 // Heartbeat implements Fleet.
 func (s *RedisStore) Heartbeat(ctx context.Context, prefix, policy, member string, expiry time.Duration) (int, error) {

@@ -44,34 +44,6 @@ var (
 	_ Policies = (*MemoryStore)(nil)
 )
 
-// setPolicyLua stores a policy record if its version is newer.
-// KEYS[1] the policy key; ARGV: version, rate, period µs, burst, ttl ms.
-// The record is the string "version rate period_us burst". Like every key
-// leasehold writes it has a TTL, a long one (PolicyTTL): limiters republish
-// the version they enforce when they find no record, so an expired record
-// heals itself at the next poll.
-// Reply: {applied (0/1), stored record string}.
-// Every applied change is PUBLISHed on the policy key's name.
-var setPolicyLua = `
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local cur = redis.pcall('GET', KEYS[1])
-if type(cur) == 'table' and cur.err then
-  return redis.error_reply('LEASEHOLD_CORRUPT ' .. cur.err)
-end
-if cur then
-  local vs = string.match(cur, '^(%d+) %d+ %d+ %d+$')
-  if not vs then return redis.error_reply('LEASEHOLD_CORRUPT policy record') end
-  local v = tonumber(vs)
-  if v >= tonumber(ARGV[1]) then return {0, cur} end
-end
-local rec = ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]
-redis.call('SET', KEYS[1], rec, 'PX', ARGV[5])
-redis.call('PUBLISH', KEYS[1], rec)
-return {1, rec}
-`
-
-var setPolicyScript = redis.NewScript(setPolicyLua)
-
 func validatePolicyRecord(prefix, name string, rec PolicyRecord) error {
 	if err := validateKey(prefix, name, "policy"); err != nil {
 		return err
@@ -115,11 +87,22 @@ func (s *RedisStore) SetPolicy(ctx context.Context, prefix, name string, rec Pol
 	if err != nil {
 		return PolicyRecord{}, false, classify(key, err)
 	}
+	return parsePolicyReply(key, v)
+}
+
+// parsePolicyReply reads setPolicyLua's reply with checked conversions.
+func parsePolicyReply(key string, v []any) (PolicyRecord, bool, error) {
 	if len(v) != 2 {
-		return PolicyRecord{}, false, fmt.Errorf("remote: policy %q: %w: reply %v", key, ErrCorruptState, v)
+		return PolicyRecord{}, false, fmt.Errorf("remote: policy %q: %w: reply of %d fields", key, ErrCorruptState, len(v))
 	}
-	applied, _ := v[0].(int64)
-	str, _ := v[1].(string)
+	applied, ok := v[0].(int64)
+	if !ok || (applied != 0 && applied != 1) {
+		return PolicyRecord{}, false, fmt.Errorf("remote: policy %q: %w: applied flag %v", key, ErrCorruptState, v[0])
+	}
+	str, ok := v[1].(string)
+	if !ok {
+		return PolicyRecord{}, false, fmt.Errorf("remote: policy %q: %w: record %T", key, ErrCorruptState, v[1])
+	}
 	cur, err := decodePolicy(key, str)
 	return cur, applied == 1, err
 }

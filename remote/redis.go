@@ -149,7 +149,8 @@ func scriptArgs(op Op, r *Request) (string, []any, error) {
 		return "", nil, err
 	}
 	key := BucketKey(r.Prefix, r.Policy, r.Key)
-	return key, []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version, int64(r.MaxDelay / time.Microsecond)}, nil
+	return key, []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version, int64(r.MaxDelay / time.Microsecond),
+		-maxDebt, ttlMargin.Milliseconds()}, nil
 }
 
 // classify wraps a Redis failure: foreign data in the key is

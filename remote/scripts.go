@@ -19,6 +19,8 @@ import "github.com/redis/go-redis/v9"
 // ARGV[6]  burst
 // ARGV[7]  version of the caller's policy
 // ARGV[8]  maxdelay: µs ahead a lease on an empty bucket may be future-dated
+// ARGV[9]  floor: the lowest level debt may take a bucket to (-maxDebt)
+// ARGV[10] margin: ms a key outlives its time to full (ttlMargin)
 //
 // State, a string: "level carry last version burst rate per"
 //
@@ -62,6 +64,8 @@ local per = tonumber(ARGV[5])
 local burst = tonumber(ARGV[6])
 local version = tonumber(ARGV[7])
 local maxdelay = tonumber(ARGV[8])
+local floor = tonumber(ARGV[9])
+local margin = tonumber(ARGV[10])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -94,10 +98,11 @@ end
 if not raw then
   s = {level = burst, carry = 0, last = now, version = version, burst = burst, rate = rate, per = per}
 else
-  local a, b, c, d, e, f, g = string.match(raw, '^(%-?%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
-  if not a then return redis.error_reply('LEASEHOLD_CORRUPT bucket holds a value leasehold did not write') end
-  s = {level = tonumber(a), carry = tonumber(b), last = tonumber(c), version = tonumber(d),
-       burst = tonumber(e), rate = tonumber(f), per = tonumber(g)}
+  local level, carry, last, ver, sburst, srate, sper =
+    string.match(raw, '^(%-?%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  if not level then return redis.error_reply('LEASEHOLD_CORRUPT bucket holds a value leasehold did not write') end
+  s = {level = tonumber(level), carry = tonumber(carry), last = tonumber(last), version = tonumber(ver),
+       burst = tonumber(sburst), rate = tonumber(srate), per = tonumber(sper)}
   if s.rate < 1 or s.per < 1 or s.burst < 1 or s.carry >= s.per then
     return redis.error_reply('LEASEHOLD_CORRUPT bucket state out of range')
   end
@@ -134,13 +139,13 @@ elseif op == 'return' then
   if s.level >= s.burst then s.level = s.burst; s.carry = 0 end
 elseif op == 'debit' then
   s.level = s.level - n
-  if s.level < -2251799813685248 then s.level = -2251799813685248 end
+  if s.level < floor then s.level = floor end
 else
   return redis.error_reply('LEASEHOLD_BADOP ' .. tostring(op))
 end
 
 local reset = waitfor(s.level, s.burst)
-local ttl = math.floor(reset / 1000 + 0.5) + 1000
+local ttl = math.floor(reset / 1000 + 0.5) + margin
 redis.call('SET', KEYS[1], string.format('%.0f %.0f %.0f %.0f %.0f %.0f %.0f',
   s.level, s.carry, s.last, s.version, s.burst, s.rate, s.per), 'PX', ttl)
 local remaining = s.level
@@ -149,3 +154,47 @@ return {granted, delay, remaining, retry, reset, now, s.version, stale}
 `
 
 var bucketScript = redis.NewScript(bucketLua)
+
+// heartbeatLua keeps a sorted set of members scored by Redis TIME in ms.
+// KEYS[1] the fleet key; ARGV[1] member; ARGV[2] expiry in ms.
+// Reply: the number of members heard from within the expiry.
+var heartbeatLua = `
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - expiry)
+redis.call('PEXPIRE', KEYS[1], 2 * expiry)
+return redis.call('ZCARD', KEYS[1])
+`
+
+var heartbeatScript = redis.NewScript(heartbeatLua)
+
+// setPolicyLua stores a policy record if its version is newer.
+// KEYS[1] the policy key; ARGV: version, rate, period µs, burst, ttl ms.
+// The record is the string "version rate period_us burst". Like every key
+// leasehold writes it has a TTL, a long one (PolicyTTL): limiters republish
+// the version they enforce when they find no record, so an expired record
+// heals itself at the next poll.
+// Reply: {applied (0/1), stored record string}; parsePolicyReply reads it.
+// Every applied change is PUBLISHed on the policy key's name.
+var setPolicyLua = `
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local version, rate, period, burst, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' and cur.err then
+  return redis.error_reply('LEASEHOLD_CORRUPT ' .. cur.err)
+end
+if cur then
+  local stored = string.match(cur, '^(%d+) %d+ %d+ %d+$')
+  if not stored then return redis.error_reply('LEASEHOLD_CORRUPT policy record') end
+  if tonumber(stored) >= tonumber(version) then return {0, cur} end
+end
+local rec = version .. ' ' .. rate .. ' ' .. period .. ' ' .. burst
+redis.call('SET', KEYS[1], rec, 'PX', ttl)
+redis.call('PUBLISH', KEYS[1], rec)
+return {1, rec}
+`
+
+var setPolicyScript = redis.NewScript(setPolicyLua)

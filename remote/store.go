@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/leasehold/leasehold/internal/exact"
 	"github.com/leasehold/leasehold/local"
 )
 
@@ -23,16 +24,16 @@ import (
 var (
 	// ErrInvalidKey reports an empty key, a key over MaxKeyLen bytes, or a
 	// prefix containing a brace.
-	ErrInvalidKey = errors.New("leasehold: invalid key")
+	ErrInvalidKey = errors.New("remote: invalid key")
 	// ErrInvalidPolicy reports an empty or overlong policy name, or a
 	// version too large to store exactly.
-	ErrInvalidPolicy = errors.New("leasehold: invalid policy")
+	ErrInvalidPolicy = errors.New("remote: invalid policy")
 	// ErrUnavailable reports that the store could not be reached or did
 	// not answer in time.
-	ErrUnavailable = errors.New("leasehold: store unavailable")
+	ErrUnavailable = errors.New("remote: store unavailable")
 	// ErrCorruptState reports a bucket key that holds something leasehold
 	// did not write (another type, or a foreign value).
-	ErrCorruptState = errors.New("leasehold: bucket state corrupt")
+	ErrCorruptState = errors.New("remote: bucket state corrupt")
 )
 
 const (
@@ -144,40 +145,40 @@ type Store interface {
 
 // validate checks a request for op; it is shared by every Store so that bad
 // input gets the same error everywhere.
-func validate(op Op, r *Request) (local.Micros, error) {
+func validate(op Op, r *Request) (exact.Micros, error) {
 	if err := validateKey(r.Prefix, r.Policy, r.Key); err != nil {
-		return local.Micros{}, err
+		return exact.Micros{}, err
 	}
 	if r.Version > MaxVersion {
-		return local.Micros{}, fmt.Errorf("%w: version %d above %d", ErrInvalidPolicy, r.Version, MaxVersion)
+		return exact.Micros{}, fmt.Errorf("%w: version %d above %d", ErrInvalidPolicy, r.Version, MaxVersion)
 	}
-	m, err := r.Limit.Micros()
+	m, err := exact.Reduce(r.Limit.Rate, r.Limit.Period, r.Limit.Burst)
 	if err != nil {
-		return local.Micros{}, fmt.Errorf("policy %q: %w", r.Policy, err)
+		return exact.Micros{}, fmt.Errorf("remote: policy %q: %w", r.Policy, err)
 	}
 	if r.N <= 0 {
-		return local.Micros{}, fmt.Errorf("%s %d on %q: %w", op, r.N, r.Key, local.ErrInvalidN)
+		return exact.Micros{}, fmt.Errorf("remote: %s %d on %q: %w", op, r.N, r.Key, local.ErrInvalidN)
 	}
 	switch op {
 	case OpLease:
 		if r.N > m.Burst {
-			return local.Micros{}, fmt.Errorf("lease %d on %q, burst %d: %w", r.N, r.Key, m.Burst, local.ErrExceedsBurst)
+			return exact.Micros{}, fmt.Errorf("remote: lease %d on %q, burst %d: %w", r.N, r.Key, m.Burst, local.ErrExceedsBurst)
 		}
 		if r.Min <= 0 {
 			r.Min = 1
 		}
 		if r.Min > r.N {
-			return local.Micros{}, fmt.Errorf("lease %q: min %d above n %d: %w", r.Key, r.Min, r.N, local.ErrInvalidN)
+			return exact.Micros{}, fmt.Errorf("remote: lease %q: min %d above n %d: %w", r.Key, r.Min, r.N, local.ErrInvalidN)
 		}
 		if r.MaxDelay < 0 || r.MaxDelay > local.MaxTimeToFull {
-			return local.Micros{}, fmt.Errorf("lease %q: max delay %v: %w", r.Key, r.MaxDelay, local.ErrInvalidLimit)
+			return exact.Micros{}, fmt.Errorf("remote: lease %q: max delay %v: %w", r.Key, r.MaxDelay, local.ErrInvalidLimit)
 		}
 	case OpReturn, OpDebit:
 		if r.N > local.MaxBurst {
-			return local.Micros{}, fmt.Errorf("%s %d on %q: %w", op, r.N, r.Key, local.ErrExceedsBurst)
+			return exact.Micros{}, fmt.Errorf("remote: %s %d on %q: %w", op, r.N, r.Key, local.ErrExceedsBurst)
 		}
 	default:
-		return local.Micros{}, fmt.Errorf("remote: unknown op %d", int(op))
+		return exact.Micros{}, fmt.Errorf("remote: unknown op %d", int(op))
 	}
 	return m, nil
 }

@@ -1,15 +1,17 @@
-package local
+// Package lease holds the lease cell: tokens granted by the store, spent
+// by the hybrid limiter with atomic operations only.
+package lease
 
 import (
 	"math"
 	"sync/atomic"
 )
 
-// closed marks a Lease that takes no more tokens. It is far below any count,
+// closed marks a Cell that takes no more tokens. It is far below any count,
 // so a plain "tokens >= n" test rejects it without a separate flag.
 const closed = math.MinInt64 / 2
 
-// Lease is a cell of tokens granted by the store, spent locally with atomic
+// Cell is a cell of tokens granted by the store, spent locally with atomic
 // operations only. Every token added is either taken once or handed back by
 // Drain or Close once, never both: the single atomic counter is the
 // linearization point, which is what keeps the global bound exact.
@@ -17,15 +19,15 @@ const closed = math.MinInt64 / 2
 // The expiry is advisory: the owner (the hybrid limiter) sweeps expired
 // leases with DrainExpired, so Take needs no clock read.
 //
-// A Lease is safe for concurrent use; its zero value is an empty, open
+// A Cell is safe for concurrent use; its zero value is an empty, open
 // lease.
-type Lease struct {
+type Cell struct {
 	tokens atomic.Int64
 	expiry atomic.Int64
 }
 
 // Take spends n tokens if at least n are left, and returns the count left.
-func (c *Lease) Take(n int64) (ok bool, left int64) {
+func (c *Cell) Take(n int64) (ok bool, left int64) {
 	for {
 		cur := c.tokens.Load()
 		if cur < n {
@@ -40,7 +42,7 @@ func (c *Lease) Take(n int64) (ok bool, left int64) {
 // Add puts n granted tokens into the lease and moves its expiry to
 // expiresAt (nanoseconds on the owner's clock). It returns false, adding
 // nothing, if the lease is closed: the caller still owns the n tokens.
-func (c *Lease) Add(n, expiresAt int64) bool {
+func (c *Cell) Add(n, expiresAt int64) bool {
 	// Expiry first: a sweep that sees the old expiry may drain the new
 	// tokens too, which wastes them but never double-spends.
 	c.expiry.Store(expiresAt)
@@ -56,7 +58,7 @@ func (c *Lease) Add(n, expiresAt int64) bool {
 }
 
 // Cut removes tokens above keep and returns how many it removed.
-func (c *Lease) Cut(keep int64) int64 {
+func (c *Cell) Cut(keep int64) int64 {
 	for {
 		cur := c.tokens.Load()
 		if cur <= keep {
@@ -69,10 +71,10 @@ func (c *Lease) Cut(keep int64) int64 {
 }
 
 // Drain empties the lease and returns the unspent tokens.
-func (c *Lease) Drain() int64 { return c.Cut(0) }
+func (c *Cell) Drain() int64 { return c.Cut(0) }
 
 // DrainExpired drains the lease if it expired at or before now.
-func (c *Lease) DrainExpired(now int64) int64 {
+func (c *Cell) DrainExpired(now int64) int64 {
 	if c.expiry.Load() > now {
 		return 0
 	}
@@ -81,16 +83,10 @@ func (c *Lease) DrainExpired(now int64) int64 {
 
 // Close empties the lease for good and returns the unspent tokens. Later
 // Adds fail and Takes find nothing.
-func (c *Lease) Close() int64 {
+func (c *Cell) Close() int64 {
 	old := c.tokens.Swap(closed)
 	return max(old, 0)
 }
 
 // Tokens returns the tokens left, 0 once closed.
-func (c *Lease) Tokens() int64 { return max(c.tokens.Load(), 0) }
-
-// Closed reports whether Close was called.
-func (c *Lease) Closed() bool { return c.tokens.Load() < 0 }
-
-// Expiry returns the expiry set by the last Add.
-func (c *Lease) Expiry() int64 { return c.expiry.Load() }
+func (c *Cell) Tokens() int64 { return max(c.tokens.Load(), 0) }

@@ -1,6 +1,7 @@
-package local
+package lease
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,7 +11,7 @@ import (
 // and a closer: taken + drained + closed must equal what was added.
 func TestLeaseNeverSpendsMoreThanGranted(t *testing.T) {
 	t.Parallel()
-	var c Lease
+	var c Cell
 	var added, taken, returned atomic.Int64
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
@@ -57,7 +58,7 @@ func TestLeaseNeverSpendsMoreThanGranted(t *testing.T) {
 
 func TestLeaseTakeTable(t *testing.T) {
 	t.Parallel()
-	var c Lease
+	var c Cell
 	steps := []struct {
 		op       string
 		n        int64
@@ -91,4 +92,31 @@ func TestLeaseTakeTable(t *testing.T) {
 			t.Errorf("step %d %s(%d) = ok %v left %d, want ok %v left %d", i, s.op, s.n, ok, c.Tokens(), s.wantOK, s.wantLeft)
 		}
 	}
+}
+
+func TestTakeAllocatesNothing(t *testing.T) {
+	var c Cell
+	c.Add(1<<40, 0)
+	if a := testing.AllocsPerRun(1000, func() { c.Take(1) }); a != 0 {
+		t.Fatalf("Cell.Take allocates %v per call, want 0", a)
+	}
+}
+
+func BenchmarkTake(b *testing.B) {
+	var c Cell
+	c.Add(math.MaxInt64/4, 0)
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			c.Take(1)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				c.Take(1)
+			}
+		})
+	})
 }

@@ -1,0 +1,202 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/hooks"
+	"github.com/leasehold/leasehold/remote"
+	"github.com/sony/gobreaker/v2"
+)
+
+// maxStoreRounds bounds the store calls one decision makes. Tokens a call
+// brought in may be taken by concurrent callers before this one gets to
+// them; after this many rounds the caller is refused with the time its n
+// tokens take to refill, rather than queueing behind the store.
+const maxStoreRounds = 3
+
+// Allow reports whether one request on key may proceed now. It is
+// shorthand for AllowN(ctx, key, 1).Allowed, without building a Decision:
+// on a key with leased tokens it reads no clock and allocates nothing.
+// Invalid keys are rejected (AllowN says why).
+func (l *Limiter) Allow(ctx context.Context, key string) bool {
+	if e := l.keys.load(key); e != nil {
+		if ok, _ := l.leaser.spend(e, 1); ok {
+			return true
+		}
+	}
+	d, _ := l.allowSlow(ctx, key, 1)
+	return d.Allowed
+}
+
+// AllowN reports whether n requests (or n units of cost) on key may
+// proceed now, and why. A rejection is a Decision with Allowed false, not an
+// error: errors are reserved for misuse (ErrInvalidKey, ErrInvalidN,
+// ErrExceedsBurst), ErrClosed, ctx ending during a store call, and a
+// bucket whose Redis key holds data leasehold did not write
+// (remote.ErrCorruptState).
+func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
+	if e := l.keys.load(key); e != nil && n > 0 {
+		if ok, left := l.leaser.spend(e, n); ok {
+			return Decision{Allowed: true, Limit: l.policy.load().Limit, Remaining: left,
+				ResetAfter: e.resetAfter(l.cfg.now()), Source: SourceLease}, nil
+		}
+	}
+	return l.allowSlow(ctx, key, n)
+}
+
+// Wait blocks until one request on key is admitted or ctx ends. It is
+// shorthand for WaitN(ctx, key, 1).
+func (l *Limiter) Wait(ctx context.Context, key string) error { return l.WaitN(ctx, key, 1) }
+
+// WaitN blocks until n requests on key are admitted or ctx ends, sleeping
+// (on the limiter's clock) exactly as long as each rejection's RetryAfter
+// says. It returns ctx.Err() unchanged if ctx ends first.
+func (l *Limiter) WaitN(ctx context.Context, key string, n int64) error {
+	for {
+		d, err := l.AllowN(ctx, key, n)
+		if err != nil {
+			return err
+		}
+		if d.Allowed {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		t := l.cfg.clk.NewTimer(max(d.RetryAfter, time.Microsecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-l.bg.stop:
+			t.Stop()
+			return ErrClosed
+		case <-t.C():
+		}
+	}
+}
+
+// allowSlow decides when the lease cannot: it validates, finds or creates
+// the key's entry, then each round tries the lease, the outage mode, a
+// cached answer, and the store (one flight per key), in that order. It
+// reads the clock once per round.
+func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision, error) {
+	p := l.policy.load()
+	if err := l.checkRequest(p, key, n); err != nil {
+		return Decision{Limit: p.Limit}, err
+	}
+	e := l.keys.getOrCreate(key, l.closing.Load, l.releaseEntry)
+	if e == nil {
+		return Decision{Limit: p.Limit}, ErrClosed
+	}
+	for round := 0; ; round++ {
+		p = l.policy.load() // a store reply may have brought a newer policy
+		if ok, left := l.leaser.spend(e, n); ok {
+			return l.admit(e, p, left, round > 0), nil
+		}
+		now := l.cfg.now()
+		if d, ok := l.decideWithoutStore(e, p, n, now, round); ok {
+			return d, nil
+		}
+		e.misses.Add(n)
+		e.waiting.Add(n)
+		out, err := l.leaser.fetch(ctx, e, n)
+		e.waiting.Add(-n)
+		if err != nil {
+			return l.storeFailed(ctx, e, p, n, now, err)
+		}
+		if !out.deposited {
+			return l.reject(e, p, SourceRemote, max(out.retry, time.Microsecond), out.at), nil
+		}
+	}
+}
+
+// admit is the Decision for tokens just taken from e's lease; afterCall
+// marks tokens that a store call of this decision brought in.
+func (l *Limiter) admit(e *entry, p *policyState, left int64, afterCall bool) Decision {
+	src := SourceLease
+	if afterCall {
+		src = SourceRemote
+		l.stats.admitted[SourceRemote].Add(1)
+	}
+	return Decision{Allowed: true, Limit: p.Limit, Remaining: left, ResetAfter: e.resetAfter(l.cfg.now()), Source: src}
+}
+
+// decideWithoutStore decides n on e when the store must not or need not be
+// asked: the breaker is not closed, a cached answer says when tokens
+// arrive, or this decision has had its store rounds.
+func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, round int) (Decision, bool) {
+	l.checkMode()
+	switch l.store.State() {
+	case gobreaker.StateOpen:
+		return l.outage.decide(e, p, n, now), true
+	case gobreaker.StateHalfOpen:
+		// Probe in the background; nobody waits on a store that was
+		// down a moment ago.
+		l.leaser.refillAsync(e)
+		return l.outage.decide(e, p, n, now), true
+	}
+	if until := max(e.emptyUntil.Load(), e.pendingUntil.Load()); now < until {
+		// Demand all the same: it sizes the next lease, and it keeps
+		// the key (and this cached answer) from being evicted as idle.
+		e.misses.Add(n)
+		return l.reject(e, p, SourceLease, time.Duration(until-now), now), true
+	}
+	if round >= maxStoreRounds {
+		return l.reject(e, p, SourceRemote, p.Limit.DurationFor(n), now), true
+	}
+	return Decision{}, false
+}
+
+// storeFailed decides n on e after the store call of the round that began
+// at now failed with err.
+func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n, now int64, err error) (Decision, error) {
+	switch {
+	case errors.Is(err, ErrClosed):
+		return Decision{Limit: p.Limit}, ErrClosed
+	case ctx.Err() != nil:
+		return Decision{Limit: p.Limit}, ctx.Err()
+	case errors.Is(err, errSlowFlight) && l.store.State() == gobreaker.StateClosed:
+		// The store is slow but not known to be down: healthy mode never
+		// admits what the store did not grant, so refuse this one. If the
+		// store has answered nothing for a whole refill timeout, it is
+		// more likely dead than slow: tell the breaker, which opens after
+		// a few such reports instead of waiting for in-flight calls to
+		// time out.
+		waited := now + int64(l.cfg.storeTimeout)
+		if waited-l.leaser.lastOK.Load() > int64(l.cfg.refillTimeout) {
+			hooks.ReportTimeout(l.store)
+		}
+		return l.reject(e, p, SourceRemote, l.cfg.storeTimeout, waited), nil
+	case remote.IsUnavailable(err):
+		return l.outage.decide(e, p, n, now), nil
+	}
+	// Corrupt bucket state: the store answered, but nothing it says can be
+	// trusted for this key. Refuse, and say why.
+	l.stats.rejected[SourceRemote].Add(1)
+	return Decision{Limit: p.Limit, RetryAfter: l.cfg.leaseTTL, Source: SourceRemote}, err
+}
+
+func (l *Limiter) reject(e *entry, p *policyState, src Source, wait time.Duration, now int64) Decision {
+	l.stats.rejected[src].Add(1)
+	return Decision{Limit: p.Limit, RetryAfter: wait, ResetAfter: e.resetAfter(now), Source: src}
+}
+
+func (l *Limiter) checkRequest(p *policyState, key string, n int64) error {
+	if err := remote.ValidateKey(l.cfg.prefix, p.Name, key); err != nil {
+		return fmt.Errorf("hybrid: %w", err)
+	}
+	if n <= 0 {
+		return fmt.Errorf("hybrid: allow %d on %.64q: %w", n, key, ErrInvalidN)
+	}
+	if n > p.Limit.Burst {
+		return fmt.Errorf("hybrid: allow %d on %.64q, burst %d: %w", n, key, p.Limit.Burst, ErrExceedsBurst)
+	}
+	if l.closing.Load() {
+		return ErrClosed
+	}
+	return nil
+}

@@ -1,0 +1,140 @@
+package hybrid
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// idleSweepsBeforeEvict is how many sweeps in a row a key must see no
+// activity before it is forgotten (about two lease TTLs).
+const idleSweepsBeforeEvict = 8
+
+// keyTable owns the keys a limiter tracks: lookup, creation within
+// MaxKeys, eviction and the idle sweep. Evicted entries are closed (their
+// lease takes no more tokens) and handed to the caller, which settles what
+// they held.
+type keyTable struct {
+	max     int64
+	entries sync.Map // string -> *entry
+	n       atomic.Int64
+	evictMu sync.Mutex // serializes makeRoom
+
+	evictions     atomic.Int64
+	evictedAdmits atomic.Int64 // lease admissions of evicted entries, for Stats
+}
+
+// load returns key's entry, or nil: the hot path's lookup.
+func (t *keyTable) load(key string) *entry {
+	if v, ok := t.entries.Load(key); ok {
+		return v.(*entry)
+	}
+	return nil
+}
+
+// getOrCreate returns key's entry, creating it if needed; making room
+// evicts entries, which are passed to release. It returns nil once closing
+// reports true.
+func (t *keyTable) getOrCreate(key string, closing func() bool, release func(*entry)) *entry {
+	if e := t.load(key); e != nil {
+		return e
+	}
+	if t.n.Add(1) > t.max {
+		t.makeRoom(release)
+	}
+	e := newEntry(strings.Clone(key))
+	v, loaded := t.entries.LoadOrStore(e.key, e)
+	if loaded {
+		t.n.Add(-1)
+		return v.(*entry)
+	}
+	if closing() {
+		// Close may have finished its sweep before this insert.
+		if t.entries.CompareAndDelete(e.key, e) {
+			t.n.Add(-1)
+		}
+		return nil
+	}
+	return e
+}
+
+// each calls f on every entry.
+func (t *keyTable) each(f func(*entry)) {
+	t.entries.Range(func(_, v any) bool {
+		f(v.(*entry))
+		return true
+	})
+}
+
+// any reports whether f holds for some entry.
+func (t *keyTable) any(f func(*entry) bool) bool {
+	found := false
+	t.entries.Range(func(_, v any) bool {
+		found = f(v.(*entry))
+		return !found
+	})
+	return found
+}
+
+// len returns the number of entries.
+func (t *keyTable) len() int64 { return max(t.n.Load(), 0) }
+
+// evict forgets e and reports whether this call did (false if it was gone).
+func (t *keyTable) evict(e *entry) bool {
+	if !t.entries.CompareAndDelete(e.key, e) {
+		return false
+	}
+	t.n.Add(-1)
+	t.evictions.Add(1)
+	t.evictedAdmits.Add(e.admits.Load())
+	return true
+}
+
+// sweepIdle counts one more idle sweep for each entry with no activity
+// since the last one, and evicts (passing to release) those idle for
+// idleSweepsBeforeEvict sweeps. It runs one pass at a time.
+func (t *keyTable) sweepIdle(now int64, release func(*entry)) {
+	t.each(func(e *entry) {
+		activity := e.admits.Load() + e.misses.Load()
+		if activity != e.seen || e.busy(now) {
+			e.seen, e.idleSweeps = activity, 0
+			return
+		}
+		if e.idleSweeps++; e.idleSweeps >= idleSweepsBeforeEvict && t.evict(e) {
+			release(e)
+		}
+	})
+}
+
+// makeRoom evicts keys until the tracked count is back under max. It
+// evicts a batch at a time, in the map's (hash) order, skipping keys with
+// a refill or reservation in flight, so a spray of new keys costs an
+// amortized constant per insert.
+func (t *keyTable) makeRoom(release func(*entry)) {
+	t.evictMu.Lock()
+	defer t.evictMu.Unlock()
+	if t.n.Load() <= t.max {
+		return
+	}
+	target := max(t.max-t.max/64-1, 0)
+	t.entries.Range(func(_, v any) bool {
+		e := v.(*entry)
+		if e.refilling.Load() || e.pendingUntil.Load() != 0 {
+			return true
+		}
+		if t.evict(e) {
+			release(e)
+		}
+		return t.n.Load() > target
+	})
+}
+
+// clear forgets every entry (Close), passing each to release.
+func (t *keyTable) clear(release func(*entry)) {
+	t.entries.Range(func(k, v any) bool {
+		release(v.(*entry))
+		t.entries.Delete(k)
+		return true
+	})
+	t.n.Store(0)
+}

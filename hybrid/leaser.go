@@ -1,0 +1,302 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasehold/leasehold/breaker"
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/reconcile"
+	"github.com/leasehold/leasehold/remote"
+	"golang.org/x/sync/singleflight"
+)
+
+// leaser owns getting tokens from the store into entries' leases: spending
+// them (the hot path), one flight per key, lease sizing from demand,
+// low-water refills, future-dated reservations, and the store-time offset
+// measured from every reply.
+type leaser struct {
+	cfg    *config
+	store  *breaker.Store
+	policy *policyTracker
+	bg     *background
+	stats  *counters
+	// giveBack settles tokens the leaser holds but cannot deposit.
+	giveBack func(items ...reconcile.Item)
+	flights  singleflight.Group // keyed by user key only
+	offset   clock.Offset
+	lastOK   atomic.Int64 // mono ns of the last successful store reply
+}
+
+// spend takes n tokens from e's lease, counts the admission, and starts a
+// background refill when the lease falls below its low-water mark. It is
+// the hot path: atomics only.
+func (ls *leaser) spend(e *entry, n int64) (ok bool, left int64) {
+	ok, left = e.lease.Take(n)
+	if !ok {
+		return false, left
+	}
+	e.admits.Add(1)
+	if left < e.lowWater.Load() {
+		ls.refillAsync(e)
+	}
+	return true, left
+}
+
+// sizeLease picks the batch to ask for and the low-water mark, from the
+// key's demand: demand × horizon, at least need and 1, at most the policy's
+// maximum lease (unless need alone is larger).
+func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now int64) int64 {
+	e.mu.Lock()
+	rate := e.mu.demand.observe(now, e.consumed()+e.misses.Load())
+	e.mu.Unlock()
+	perHorizon := rate * ls.cfg.horizon.Seconds()
+	batch := int64(math.Ceil(perHorizon))
+	batch = min(max(batch, 1), p.maxLease)
+	low := min(int64(perHorizon/2), batch/2)
+	e.lowWater.Store(low)
+	return max(batch, need)
+}
+
+// refillAsync starts a background refill of e unless one is running or a
+// reservation is on its way. It runs about once per batch, not per request.
+func (ls *leaser) refillAsync(e *entry) {
+	if e.pendingUntil.Load() != 0 || !e.refilling.CompareAndSwap(false, true) {
+		return
+	}
+	if ls.bg.after(0, func() {
+		defer e.refilling.Store(false)
+		_, _ = ls.fetch(context.Background(), e, 0)
+	}) == nil {
+		e.refilling.Store(false)
+	}
+}
+
+// fetchOutcome is what a flight did for its callers.
+type fetchOutcome struct {
+	deposited bool
+	retry     time.Duration
+	at        int64 // mono ns the outcome was known
+}
+
+// errSlowFlight reports a synchronous caller that stopped waiting for a
+// store call after the store timeout; the call itself goes on.
+var errSlowFlight = fmt.Errorf("hybrid: store slower than the store timeout: %w", remote.ErrUnavailable)
+
+// fetch asks the store for tokens for e, one flight per key: concurrent
+// callers share the call and its outcome. need is the request that could
+// not be served; 0 marks a background refill, which waits for the store as
+// long as the refill timeout allows, while a synchronous caller waits at
+// most the store timeout (the flight goes on without it).
+func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome, error) {
+	fn := func() (any, error) {
+		if !ls.bg.enter() {
+			return fetchOutcome{}, ErrClosed
+		}
+		defer ls.bg.exit()
+		return ls.leaseFor(e, need)
+	}
+	if need == 0 {
+		v, err, _ := ls.flights.Do(e.key, fn)
+		out, _ := v.(fetchOutcome)
+		return out, err
+	}
+	ch := ls.flights.DoChan(e.key, fn)
+	t := ls.cfg.clk.NewTimer(ls.cfg.storeTimeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		out, _ := r.Val.(fetchOutcome)
+		return out, r.Err
+	case <-t.C():
+		return fetchOutcome{}, errSlowFlight
+	case <-ctx.Done():
+		return fetchOutcome{}, ctx.Err()
+	}
+}
+
+// leaseFor is one flight: a lease call sized for every caller waiting on
+// e, unless an earlier flight already served them.
+func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
+	ls.policy.syncOnce(ls.bg.ctx)
+	p := ls.policy.load()
+	start := ls.cfg.now()
+	// A flight that just ended may already have served this caller.
+	if need > 0 && e.lease.Tokens() >= need {
+		return fetchOutcome{deposited: true, at: start}, nil
+	}
+	if until := max(e.pendingUntil.Load(), e.emptyUntil.Load()); until > start {
+		return fetchOutcome{retry: time.Duration(until - start), at: start}, nil
+	}
+	req := ls.request(e, p, need, start)
+	// Not the caller's context: joined callers share this call. Close ends
+	// it; the refill timeout bounds it.
+	cctx, cancel := context.WithTimeout(ls.bg.ctx, ls.cfg.refillTimeout)
+	defer cancel()
+	res, err := ls.store.Lease(cctx, req)
+	if errors.Is(err, breaker.ErrOpen) {
+		return fetchOutcome{}, err // refused by the breaker: no call was made
+	}
+	ls.stats.storeCalls.Add(1)
+	if err != nil {
+		ls.stats.storeErrors.Add(1)
+		return fetchOutcome{}, err
+	}
+	now := ls.cfg.now()
+	ls.lastOK.Store(now)
+	ls.offset.Observe(ls.cfg.epoch.Add(time.Duration(start)), ls.cfg.epoch.Add(time.Duration(now)), res.Now)
+	return ls.apply(e, res, now), nil
+}
+
+// request builds the lease request for e: sized for every caller waiting
+// on the key, not just the one that started the flight (the others joined
+// it and will take from it).
+func (ls *leaser) request(e *entry, p *policyState, need, now int64) remote.Request {
+	want := min(ls.sizeLease(e, p, max(need, e.waiting.Load()), now), p.Limit.Burst)
+	minimum := want
+	if ls.cfg.maxDelay == 0 {
+		// Without reservations, take what is there rather than nothing.
+		minimum = max(need, 1)
+	}
+	return remote.Request{Prefix: ls.cfg.prefix, Policy: p.Name, Key: e.key, Limit: p.Limit, Version: p.Version,
+		N: want, Min: minimum, MaxDelay: ls.cfg.maxDelay}
+}
+
+// apply records a lease reply on e, received at now.
+func (ls *leaser) apply(e *entry, res remote.Result, now int64) fetchOutcome {
+	if res.Stale {
+		if ls.policy.learn(res.Version) {
+			ls.bg.after(0, func() { ls.policy.refreshShared(ls.bg.ctx) })
+		}
+		return fetchOutcome{retry: staleRetry, at: now}
+	}
+	e.resetAt.Store(now + int64(res.ResetAfter))
+	switch {
+	case res.Granted > 0 && res.Delay <= 0:
+		ls.stats.leaseGrants.Add(1)
+		e.emptyUntil.Store(0)
+		ls.deposit(e, res.Granted, now)
+		return fetchOutcome{deposited: true, at: now}
+	case res.Granted > 0:
+		ls.stats.leaseGrants.Add(1)
+		e.emptyUntil.Store(0)
+		ls.reserve(e, res.Granted, res.Delay, now)
+		return fetchOutcome{retry: res.Delay, at: now}
+	default:
+		e.emptyUntil.Store(now + int64(res.RetryAfter))
+		return fetchOutcome{retry: res.RetryAfter, at: now}
+	}
+}
+
+// deposit puts granted tokens in e's lease; if e was closed meanwhile
+// (eviction, Close) they go back to the store instead.
+func (ls *leaser) deposit(e *entry, n, now int64) {
+	ls.stats.tokensLeased.Add(n)
+	if e.lease.Add(n, now+int64(ls.cfg.leaseTTL)) {
+		e.added.Add(n)
+		return
+	}
+	ls.giveBack(ls.returnItem(e.key, n))
+}
+
+// reserve holds a future-dated grant until it becomes spendable, then
+// deposits it. Until then the key rejects locally with the exact wait.
+func (ls *leaser) reserve(e *entry, n int64, delay time.Duration, now int64) {
+	if !ls.bg.enter() {
+		ls.giveBack(ls.returnItem(e.key, n))
+		return
+	}
+	ls.stats.tokensReserved.Add(n)
+	r := &reservation{n: n, until: now + int64(delay)}
+	e.mu.Lock()
+	e.mu.pending = append(e.mu.pending, r)
+	e.setPendingUntilLocked()
+	// Scheduled under e.mu: the callback takes e.mu, so it cannot run
+	// before r.timer is set (delay > 0, so it never runs inline).
+	r.timer = ls.cfg.clk.AfterFunc(delay, func() {
+		defer ls.bg.exit()
+		e.mu.Lock()
+		mine := e.removePendingLocked(r)
+		e.mu.Unlock()
+		if mine {
+			ls.deposit(e, n, ls.cfg.now())
+		}
+	})
+	e.mu.Unlock()
+}
+
+// removePendingLocked drops r from the pending list and reports whether it
+// was there (false once Close or eviction took it).
+func (e *entry) removePendingLocked(r *reservation) bool {
+	for i, x := range e.mu.pending {
+		if x == r {
+			e.mu.pending = append(e.mu.pending[:i], e.mu.pending[i+1:]...)
+			e.setPendingUntilLocked()
+			return true
+		}
+	}
+	return false
+}
+
+func (e *entry) setPendingUntilLocked() {
+	var until int64
+	for _, r := range e.mu.pending {
+		until = max(until, r.until)
+	}
+	e.pendingUntil.Store(until)
+}
+
+// release closes e's lease and cancels its reservations, returning the
+// settlements that give their tokens back.
+func (ls *leaser) release(e *entry) []reconcile.Item {
+	var out []reconcile.Item
+	if n := e.lease.Close(); n > 0 {
+		e.drained.Add(n)
+		out = append(out, ls.returnItem(e.key, n))
+	}
+	e.mu.Lock()
+	rs := e.mu.pending
+	e.mu.pending = nil
+	e.pendingUntil.Store(0)
+	e.mu.Unlock()
+	var n int64
+	for _, r := range rs {
+		n += r.n
+		if r.timer.Stop() {
+			ls.bg.exit() // the callback will never run
+		}
+	}
+	if n > 0 {
+		out = append(out, ls.returnItem(e.key, n))
+	}
+	return out
+}
+
+// drainExpired takes back e's lease if it expired at or before now.
+func (ls *leaser) drainExpired(e *entry, now int64) []reconcile.Item {
+	if n := e.lease.DrainExpired(now); n > 0 {
+		e.drained.Add(n)
+		return []reconcile.Item{ls.returnItem(e.key, n)}
+	}
+	return nil
+}
+
+// cut trims e's lease to at most keep tokens and returns the excess as a
+// settlement.
+func (ls *leaser) cut(e *entry, keep int64) []reconcile.Item {
+	if n := e.lease.Cut(keep); n > 0 {
+		e.drained.Add(n)
+		return []reconcile.Item{ls.returnItem(e.key, n)}
+	}
+	return nil
+}
+
+func (ls *leaser) returnItem(key string, n int64) reconcile.Item {
+	p := ls.policy.load()
+	return reconcile.Item{Op: remote.OpReturn, Req: remote.Request{Prefix: ls.cfg.prefix, Policy: p.Name, Key: key,
+		Limit: p.Limit, Version: p.Version, N: n}}
+}

@@ -1,0 +1,133 @@
+package hybrid
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/leasehold/leasehold/reconcile"
+	"github.com/leasehold/leasehold/remote"
+)
+
+// Settlements: every token the limiter gives back and every outage
+// admission it owes goes through the queue and is sent by the sweeper,
+// by a recovery (reconcile.Settler), or by Close.
+
+// releaseEntry settles what e holds: its lease, its reservations and its
+// outage debt (eviction, Close).
+func (l *Limiter) releaseEntry(e *entry) {
+	items := l.leaser.release(e)
+	if d := e.debt.Swap(0); d > 0 {
+		items = append(items, l.debitItem(l.policy.load(), e.key, d))
+	}
+	l.settleLater(items...)
+}
+
+// settleLater queues items; a full queue is flushed at once.
+func (l *Limiter) settleLater(items ...reconcile.Item) {
+	if l.queue.Add(items...) {
+		l.bg.after(0, l.flushQueued)
+	}
+}
+
+func (l *Limiter) debitItem(p *policyState, key string, n int64) reconcile.Item {
+	// A debit may exceed Burst after a long outage; the store takes at most
+	// MaxBurst per call, which is far above any sane debt.
+	return reconcile.Item{Op: remote.OpDebit, Req: remote.Request{Prefix: l.cfg.prefix, Policy: p.Name, Key: key,
+		Limit: p.Limit, Version: p.Version, N: n}}
+}
+
+// sweep gives back expired leases, forgets idle keys, notices breaker
+// changes and flushes the queue; it runs every sweep interval on the
+// limiter's clock.
+func (l *Limiter) sweep() {
+	l.checkMode()
+	now := l.cfg.now()
+	l.keys.each(func(e *entry) { l.settleLater(l.leaser.drainExpired(e, now)...) })
+	l.keys.sweepIdle(now, l.releaseEntry)
+	l.flushQueued()
+}
+
+// flushQueued sends the queue while healthy; while degraded or recovering
+// the reconciler settles it.
+func (l *Limiter) flushQueued() {
+	if l.Mode() != ModeHealthy {
+		return
+	}
+	items := l.queue.Take()
+	if len(items) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(l.bg.ctx, l.cfg.refillTimeout)
+	defer cancel()
+	l.queue.Requeue(l.send(ctx, items).Failed)
+}
+
+// sendNow settles items at once (Close).
+func (l *Limiter) sendNow(ctx context.Context, items []reconcile.Item) error {
+	if len(items) == 0 {
+		return nil
+	}
+	rep := l.send(ctx, items)
+	if len(rep.Failed) > 0 {
+		return fmt.Errorf("hybrid: close: %d of %d settlements failed: %w", len(rep.Failed), len(items), remote.ErrUnavailable)
+	}
+	return nil
+}
+
+// send settles items now and accounts for it in Stats.
+func (l *Limiter) send(ctx context.Context, items []reconcile.Item) reconcile.Report {
+	rep := reconcile.Send(ctx, l.store, items, 0)
+	l.account(len(items), rep)
+	return rep
+}
+
+func (l *Limiter) account(n int, rep reconcile.Report) {
+	l.stats.storeCalls.Add(int64(n))
+	l.stats.storeErrors.Add(int64(len(rep.Failed)))
+	l.stats.tokensReturned.Add(rep.Returned)
+	l.stats.tokensDebited.Add(rep.Debited)
+}
+
+// checkMode notices breaker state changes (on the slow path and at every
+// sweep) and starts a recovery when the store is back and the outage left
+// accounts open. Mode changes are logged after every lock is released.
+func (l *Limiter) checkMode() {
+	l.logMode(l.modes.check(l.owed, l.startSettlement))
+}
+
+// owed reports whether anything is owed to the store: degraded admissions
+// not yet charged or tokens not yet given back.
+func (l *Limiter) owed() bool {
+	return l.keys.any(func(e *entry) bool { return e.debt.Load() != 0 }) || l.queue.Len() > 0
+}
+
+// startSettlement charges what the outage admitted and gives back queued
+// tokens, through the reconciler: jittered, paced, batched, each step a
+// callback of the limiter's clock. What the store could not take stays
+// queued for the sweeper or the next recovery.
+func (l *Limiter) startSettlement() (cancel func() []reconcile.Item) {
+	p := l.policy.load()
+	now := l.cfg.now()
+	var items []reconcile.Item
+	l.keys.each(func(e *entry) {
+		if d := l.outage.unpaid(e, p, e.debt.Swap(0), now); d > 0 {
+			items = append(items, l.debitItem(p, e.key, d))
+		}
+	})
+	items = append(items, l.queue.Take()...)
+	return l.settler.Start(items, func(rep reconcile.Report) {
+		l.account(len(items), rep)
+		l.queue.Requeue(rep.Failed)
+		l.logMode(l.modes.settled())
+	})
+}
+
+func (l *Limiter) logMode(t transition) {
+	if !t.changed() {
+		return
+	}
+	l.stats.modeChanges.Add(1)
+	l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "leasehold: mode change",
+		slog.String("policy", l.policy.load().Name), slog.String("from", t.from.String()), slog.String("to", t.to.String()))
+}
