@@ -3,18 +3,27 @@
 # every test with the race detector and real Redis required.
 GO ?= go
 export LEASEHOLD_REQUIRE_REDIS ?= 1
+# staticcheck is pinned and run with go run, so a fresh machine needs
+# nothing installed by hand.
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# Nested modules (go.work ties them to the root): their dependencies stay
+# out of leasehold's go.mod.
+MODULES = benchmarks internal/faulttest sim
 
-.PHONY: test redis bench sim fuzz
+.PHONY: test redis lint bench sim fuzz
 
-test: redis
+test: redis lint
+	$(GO) test -race -count=1 -timeout 12m ./...
+	# Fault injection through toxiproxy, and the simulator.
+	cd internal/faulttest && $(GO) test -race -count=1 -timeout 5m ./...
+	cd sim && $(GO) test -race -count=1 -timeout 5m ./...
+
+lint:
 	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	GOARCH=386 $(GO) vet ./...  # 64-bit atomics must build on 32-bit targets
-	$(GO) test -race -count=1 -timeout 12m ./...
-	# Fault injection through toxiproxy: its own module, so its dependencies
-	# stay out of leasehold's go.mod.
-	cd internal/faulttest && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...
-	cd benchmarks && $(GO) vet ./...
+	$(STATICCHECK) ./...
+	for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(STATICCHECK) ./...) || exit 1; done
 
 redis:
 	@if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then \

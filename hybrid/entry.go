@@ -52,6 +52,17 @@ type reservation struct {
 
 func newEntry(key string) *entry { return &entry{key: key} }
 
+// spend takes n tokens from the lease and counts the admission; low
+// reports that the lease fell below its low-water mark. Small enough to
+// inline, so a decision on a leased key makes no call.
+func (e *entry) spend(n int64) (ok, low bool, left int64) {
+	if ok, left = e.lease.Take(n); ok {
+		e.admits.Add(1)
+		low = left < e.lowWater.Load()
+	}
+	return ok, low, left
+}
+
 func (e *entry) resetAfter(now int64) time.Duration {
 	return time.Duration(max(e.resetAt.Load()-now, 0))
 }

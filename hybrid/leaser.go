@@ -32,19 +32,16 @@ type leaser struct {
 	lastOK   atomic.Int64 // mono ns of the last successful store reply
 }
 
-// spend takes n tokens from e's lease, counts the admission, and starts a
-// background refill when the lease falls below its low-water mark. It is
-// the hot path: atomics only.
+// spend takes n tokens from e's lease for one decision and returns the
+// tokens left, starting a background refill when the lease falls below
+// its low-water mark. It is the hot path: e.spend inlines, and the refill
+// call runs about once per batch.
 func (ls *leaser) spend(e *entry, n int64) (ok bool, left int64) {
-	ok, left = e.lease.Take(n)
-	if !ok {
-		return false, left
-	}
-	e.admits.Add(1)
-	if left < e.lowWater.Load() {
+	ok, low, left := e.spend(n)
+	if low {
 		ls.refillAsync(e)
 	}
-	return true, left
+	return ok, left
 }
 
 // sizeLease picks the batch to ask for and the low-water mark, from the

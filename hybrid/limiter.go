@@ -33,8 +33,8 @@ type Limiter struct {
 	cfg     config
 	store   *breaker.Store
 	policy  *policyTracker
-	keys    *keyTable
-	leaser  *leaser
+	keys    keyTable
+	leaser  leaser
 	outage  *outage
 	modes   *modeTracker
 	bg      *background
@@ -65,7 +65,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	if !ok {
 		bs = breaker.NewStore(store, breaker.Settings{Clock: cfg.clk})
 	}
-	l := &Limiter{cfg: cfg, store: bs, bg: newBackground(cfg.clk), keys: &keyTable{max: int64(cfg.maxKeys)}}
+	l := &Limiter{cfg: cfg, store: bs, bg: newBackground(cfg.clk), keys: keyTable{max: int64(cfg.maxKeys)}}
 	l.cfg.epoch = cfg.clk.Now()
 	rng := newRand(cfg)
 	l.settler = reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.bg.after, Jitter: rng.duration}
@@ -73,7 +73,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	l.policy.adopted = l.adopted
 	l.outage = newOutage(&l.cfg, &l.stats, bs, fmt.Sprintf("%016x", rng.uint64()))
 	l.modes = newModeTracker(bs)
-	l.leaser = &leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, giveBack: l.settleLater}
+	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, giveBack: l.settleLater}
 	if rs, ok := bs.Unwrap().(interface{ Check() error }); ok {
 		if err := rs.Check(); err != nil {
 			cfg.logger.Warn("leasehold: store misconfigured", slog.String("error", err.Error()))

@@ -31,7 +31,7 @@ func (s *RedisStore) Heartbeat(ctx context.Context, prefix, policy, member strin
 	key := FleetKey(prefix, policy)
 	n, err := heartbeatScript.Run(ctx, s.c, []string{key}, member, expiry.Milliseconds()).Int()
 	if err != nil {
-		return 0, classify(key, err)
+		return 0, s.failed(key, err)
 	}
 	return n, nil
 }

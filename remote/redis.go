@@ -25,18 +25,42 @@ import (
 // caller's job.
 type RedisStore struct {
 	c redis.UniversalClient
+	// reload asks a Cluster client to refresh its slot map; nil for other
+	// clients or when WithClusterReload(false).
+	reload func()
 }
 
 var _ Store = (*RedisStore)(nil)
 
 // RedisOption configures a RedisStore.
-type RedisOption interface{ apply(*RedisStore) }
+type RedisOption interface{ apply(*redisConfig) }
+
+type redisConfig struct{ clusterReload bool }
+
+type redisOptionFunc func(*redisConfig)
+
+func (f redisOptionFunc) apply(c *redisConfig) { f(c) }
+
+// WithClusterReload sets whether a call that fails to reach a node makes a
+// *redis.ClusterClient reload its slot map at once. go-redis reloads it
+// on MOVED and ASK replies, but not on connection errors: after a master
+// dies and its replica is promoted, calls keep going to the dead address
+// until the periodic reload. The reload is lazy and deduplicated by
+// go-redis, so a burst of errors costs one CLUSTER SLOTS. The default is
+// true.
+func WithClusterReload(on bool) RedisOption {
+	return redisOptionFunc(func(c *redisConfig) { c.clusterReload = on })
+}
 
 // NewRedis returns a Store over c.
 func NewRedis(c redis.UniversalClient, opts ...RedisOption) *RedisStore {
-	s := &RedisStore{c: c}
+	cfg := redisConfig{clusterReload: true}
 	for _, o := range opts {
-		o.apply(s)
+		o.apply(&cfg)
+	}
+	s := &RedisStore{c: c}
+	if cc, ok := c.(*redis.ClusterClient); ok && cfg.clusterReload {
+		s.reload = func() { cc.ReloadState(context.Background()) }
 	}
 	return s
 }
@@ -89,9 +113,19 @@ func (s *RedisStore) do(ctx context.Context, op Op, r Request) (Result, error) {
 	}
 	v, err := bucketScript.Run(ctx, s.c, []string{key}, args...).Result()
 	if err != nil {
-		return Result{}, classify(key, err)
+		return Result{}, s.failed(key, err)
 	}
 	return parseReply(key, v)
+}
+
+// failed classifies err and, when a node could not be reached, asks a
+// Cluster client to reload its slot map.
+func (s *RedisStore) failed(key string, err error) error {
+	err = classify(key, err)
+	if s.reload != nil && errors.Is(err, ErrUnavailable) && !errors.Is(err, context.Canceled) {
+		s.reload()
+	}
+	return err
 }
 
 // Batch implements Store. Commands go out in one pipeline, which a Cluster
@@ -135,7 +169,7 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 		}
 		v, err := cmd.Result()
 		if err != nil {
-			out[i].Err = classify(keys[i], err)
+			out[i].Err = s.failed(keys[i], err)
 			continue
 		}
 		out[i].Result, out[i].Err = parseReply(keys[i], v)

@@ -41,20 +41,10 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
-	var suite []*Scenario
-	if *file != "" {
-		s, err := loadFile(*file)
-		if err != nil {
-			fmt.Fprintln(stderr, "sim:", err)
-			return 2
-		}
-		suite = []*Scenario{s}
-	} else {
-		var err error
-		if suite, err = defaultSuite(); err != nil {
-			fmt.Fprintln(stderr, "sim:", err)
-			return 2
-		}
+	suite, err := loadSuite(*file)
+	if err != nil {
+		fmt.Fprintln(stderr, "sim:", err)
+		return 2
 	}
 	if *list {
 		for _, s := range suite {
@@ -69,27 +59,11 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	var verdicts []string
 	failed := false
 	for _, s := range suite {
-		sd := s.Seed
-		if *seed != 0 {
-			sd = *seed
-		}
-		began := time.Now()
-		rec, err := run(s, sd, progressLine(stderr, s.Name))
+		rec, v, err := runOne(s, *seed, *out, stdout, stderr)
 		if err != nil {
 			fmt.Fprintln(stderr, "sim:", err)
 			return 2
 		}
-		fmt.Fprintf(stdout, "\n== %s (seed %d, %d processes, %.0f virtual s in %.1f s)\n%s\n\n",
-			s.Name, sd, s.Processes, s.DurationS, time.Since(began).Seconds(), s.Description)
-		rec.table(stdout)
-		files, err := rec.writePlots(*out)
-		if err != nil {
-			fmt.Fprintln(stderr, "sim: plot:", err)
-			return 2
-		}
-		fmt.Fprintf(stdout, "plots: %v\n", files)
-		v := rec.summary()
-		fmt.Fprintln(stdout, v)
 		verdicts = append(verdicts, v)
 		failed = failed || len(rec.verdict()) > 0
 	}
@@ -101,6 +75,43 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// loadSuite returns the scenario in file, or the default suite.
+func loadSuite(file string) ([]*Scenario, error) {
+	if file == "" {
+		return defaultSuite()
+	}
+	s, err := loadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	return []*Scenario{s}, nil
+}
+
+// runOne runs s (with seed, if not 0), prints its table and verdict, and
+// writes its plots to out.
+func runOne(s *Scenario, seed uint64, out string, stdout, stderr io.Writer) (*recorder, string, error) {
+	sd := s.Seed
+	if seed != 0 {
+		sd = seed
+	}
+	began := time.Now()
+	rec, err := run(s, sd, progressLine(stderr, s.Name))
+	if err != nil {
+		return nil, "", err
+	}
+	fmt.Fprintf(stdout, "\n== %s (seed %d, %d processes, %.0f virtual s in %.1f s)\n%s\n\n",
+		s.Name, sd, s.Processes, s.DurationS, time.Since(began).Seconds(), s.Description)
+	rec.table(stdout)
+	files, err := rec.writePlots(out)
+	if err != nil {
+		return nil, "", fmt.Errorf("plot: %w", err)
+	}
+	fmt.Fprintf(stdout, "plots: %v\n", files)
+	v := rec.summary()
+	fmt.Fprintln(stdout, v)
+	return rec, v, nil
 }
 
 // progressLine returns a progress callback that rewrites one stderr line,

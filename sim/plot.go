@@ -9,7 +9,6 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
 )
 
 // writePlots draws admitted requests per second, stacked by process,
@@ -20,97 +19,19 @@ func (r *recorder) writePlots(dir string) ([]string, error) {
 	p.Title.Text = r.sc.Name + ": admitted per second, stacked by process"
 	p.X.Label.Text = "virtual seconds"
 	p.Y.Label.Text = "requests per second"
-
-	secs := len(r.perSecond)
-	procs := 0
-	for _, row := range r.perSecond {
-		procs = max(procs, len(row))
-	}
-	top := 0.0
-	for _, o := range r.offeredS {
-		top = max(top, float64(o))
-	}
-	for _, l := range r.limitS {
-		top = max(top, l)
-	}
+	top := r.plotTop()
 	// Fault windows first, so the data is drawn over them.
-	for _, f := range r.faults {
-		shade, err := plotter.NewPolygon(plotter.XYs{{X: f[0].Seconds(), Y: 0}, {X: f[1].Seconds(), Y: 0},
-			{X: f[1].Seconds(), Y: top * 1.05}, {X: f[0].Seconds(), Y: top * 1.05}})
-		if err != nil {
+	steps := []func(*plot.Plot, float64) error{r.plotFaults, r.plotStacked, r.plotOffered, r.plotLimit}
+	for _, step := range steps {
+		if err := step(p, top); err != nil {
 			return nil, err
 		}
-		shade.Color = color.RGBA{R: 255, G: 200, B: 200, A: 255}
-		shade.LineStyle.Width = 0
-		p.Add(shade)
-	}
-	// Stacked areas: process i fills between the sums of 0..i-1 and 0..i.
-	lower := make([]float64, secs)
-	for proc := 0; proc < procs; proc++ {
-		upper := make([]float64, secs)
-		for s := 0; s < secs; s++ {
-			v := 0.0
-			if proc < len(r.perSecond[s]) {
-				v = float64(r.perSecond[s][proc])
-			}
-			upper[s] = lower[s] + v
-		}
-		pts := make(plotter.XYs, 0, 2*secs+2)
-		for s := 0; s < secs; s++ {
-			pts = append(pts, plotter.XY{X: float64(s) + 0.5, Y: upper[s]})
-		}
-		for s := secs - 1; s >= 0; s-- {
-			pts = append(pts, plotter.XY{X: float64(s) + 0.5, Y: lower[s]})
-		}
-		area, err := plotter.NewPolygon(pts)
-		if err != nil {
-			return nil, err
-		}
-		c := plotutil.Color(proc)
-		r8, g8, b8, _ := c.RGBA()
-		area.Color = color.RGBA{R: uint8(r8 >> 8), G: uint8(g8 >> 8), B: uint8(b8 >> 8), A: 170}
-		area.LineStyle.Width = 0
-		p.Add(area)
-		lower = upper
-	}
-	offered := make(plotter.XYs, secs)
-	for s := range offered {
-		offered[s] = plotter.XY{X: float64(s) + 0.5, Y: float64(r.offeredS[s])}
-	}
-	ol, err := plotter.NewLine(offered)
-	if err != nil {
-		return nil, err
-	}
-	ol.LineStyle.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-	ol.LineStyle.Color = color.Gray{Y: 90}
-	p.Add(ol)
-	p.Legend.Add("offered", ol)
-	if r.singleKey {
-		limit := make(plotter.XYs, 0, 2*secs)
-		for s := 0; s < secs; s++ {
-			limit = append(limit, plotter.XY{X: float64(s), Y: r.limitS[s]}, plotter.XY{X: float64(s + 1), Y: r.limitS[s]})
-		}
-		ll, err := plotter.NewLine(limit)
-		if err != nil {
-			return nil, err
-		}
-		ll.LineStyle.Width = vg.Points(2)
-		ll.LineStyle.Color = color.Black
-		p.Add(ll)
-		p.Legend.Add("limit", ll)
-	}
-	if len(r.faults) > 0 {
-		sw, _ := plotter.NewPolygon(plotter.XYs{{}, {X: 1}, {X: 1, Y: 1}})
-		sw.Color = color.RGBA{R: 255, G: 200, B: 200, A: 255}
-		p.Legend.Add("store fault", sw)
 	}
 	p.Legend.Top = true
 	p.Legend.Left = true
 	p.Y.Min, p.Y.Max = 0, top*1.1
-	p.X.Min, p.X.Max = 0, float64(secs)
+	p.X.Min, p.X.Max = 0, float64(len(r.perSecond))
 	p.Add(plotter.NewGrid())
-	_ = draw.Tiles{}
-
 	var files []string
 	for _, ext := range []string{"png", "svg"} {
 		f := filepath.Join(dir, fmt.Sprintf("%s.%s", r.sc.Name, ext))
@@ -120,4 +41,107 @@ func (r *recorder) writePlots(dir string) ([]string, error) {
 		files = append(files, f)
 	}
 	return files, nil
+}
+
+// plotTop is the highest value drawn: offered load or limit.
+func (r *recorder) plotTop() float64 {
+	top := 0.0
+	for _, o := range r.offeredS {
+		top = max(top, float64(o))
+	}
+	for _, l := range r.limitS {
+		top = max(top, l)
+	}
+	return top
+}
+
+var faultColor = color.RGBA{R: 255, G: 200, B: 200, A: 255}
+
+func (r *recorder) plotFaults(p *plot.Plot, top float64) error {
+	for _, f := range r.faults {
+		shade, err := plotter.NewPolygon(plotter.XYs{{X: f[0].Seconds(), Y: 0}, {X: f[1].Seconds(), Y: 0},
+			{X: f[1].Seconds(), Y: top * 1.05}, {X: f[0].Seconds(), Y: top * 1.05}})
+		if err != nil {
+			return err
+		}
+		shade.Color = faultColor
+		shade.LineStyle.Width = 0
+		p.Add(shade)
+	}
+	if len(r.faults) > 0 {
+		sw, _ := plotter.NewPolygon(plotter.XYs{{}, {X: 1}, {X: 1, Y: 1}})
+		sw.Color = faultColor
+		p.Legend.Add("store fault", sw)
+	}
+	return nil
+}
+
+// plotStacked draws stacked areas: process i fills between the sums of
+// 0..i-1 and 0..i.
+func (r *recorder) plotStacked(p *plot.Plot, _ float64) error {
+	secs := len(r.perSecond)
+	procs := 0
+	for _, row := range r.perSecond {
+		procs = max(procs, len(row))
+	}
+	lower := make([]float64, secs)
+	for proc := 0; proc < procs; proc++ {
+		upper := make([]float64, secs)
+		pts := make(plotter.XYs, 0, 2*secs+2)
+		for s := 0; s < secs; s++ {
+			if proc < len(r.perSecond[s]) {
+				upper[s] = float64(r.perSecond[s][proc])
+			}
+			upper[s] += lower[s]
+			pts = append(pts, plotter.XY{X: float64(s) + 0.5, Y: upper[s]})
+		}
+		for s := secs - 1; s >= 0; s-- {
+			pts = append(pts, plotter.XY{X: float64(s) + 0.5, Y: lower[s]})
+		}
+		area, err := plotter.NewPolygon(pts)
+		if err != nil {
+			return err
+		}
+		r8, g8, b8, _ := plotutil.Color(proc).RGBA()
+		area.Color = color.RGBA{R: uint8(r8 >> 8), G: uint8(g8 >> 8), B: uint8(b8 >> 8), A: 170}
+		area.LineStyle.Width = 0
+		p.Add(area)
+		lower = upper
+	}
+	return nil
+}
+
+func (r *recorder) plotOffered(p *plot.Plot, _ float64) error {
+	offered := make(plotter.XYs, len(r.offeredS))
+	for s := range offered {
+		offered[s] = plotter.XY{X: float64(s) + 0.5, Y: float64(r.offeredS[s])}
+	}
+	ol, err := plotter.NewLine(offered)
+	if err != nil {
+		return err
+	}
+	ol.LineStyle.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+	ol.LineStyle.Color = color.Gray{Y: 90}
+	p.Add(ol)
+	p.Legend.Add("offered", ol)
+	return nil
+}
+
+func (r *recorder) plotLimit(p *plot.Plot, _ float64) error {
+	if !r.singleKey {
+		return nil
+	}
+	limit := make(plotter.XYs, 0, 2*len(r.limitS))
+	for s, v := range r.limitS {
+		limit = append(limit, plotter.XY{X: float64(s), Y: v}, plotter.XY{X: float64(s + 1), Y: v})
+	}
+	ll, err := plotter.NewLine(limit)
+	if err != nil {
+		return err
+	}
+	ll.LineStyle.Width = vg.Points(2)
+	ll.LineStyle.Color = color.Black
+	p.Add(ll)
+	p.Legend.Add("limit", ll)
+	return nil
 }

@@ -48,8 +48,6 @@ type recorder struct {
 
 func newRecorder(sc *Scenario, w *world) *recorder {
 	r := &recorder{sc: sc, w: w, recoveredAt: -1, policyChange: -1}
-	total := sec(sc.DurationS)
-	lim := sc.Policy.limit()
 	keys := map[string]bool{}
 	for _, t := range sc.Traffic {
 		for k := 0; k < t.Keys; k++ {
@@ -57,6 +55,24 @@ func newRecorder(sc *Scenario, w *world) *recorder {
 		}
 	}
 	r.singleKey = len(keys) == 1
+	r.addPhases(w.leaseTTL())
+	secs := int(math.Ceil(sc.DurationS))
+	r.perSecond = make([][]int64, secs)
+	r.offeredS = make([]int64, secs)
+	r.limitS = make([]float64, secs)
+	for i := range r.limitS {
+		r.limitS[i] = perSecond(sc.Policy.limit())
+	}
+	return r
+}
+
+// addPhases splits the run into phases: healthy / outage / recovery /
+// after around the store faults, or healthy / change / after around the
+// first policy change.
+func (r *recorder) addPhases(ttl time.Duration) {
+	sc := r.sc
+	total := sec(sc.DurationS)
+	lim := sc.Policy.limit()
 	fs, fe := time.Duration(-1), time.Duration(-1)
 	for _, e := range sc.Events {
 		if e.faulty() {
@@ -67,47 +83,33 @@ func newRecorder(sc *Scenario, w *world) *recorder {
 			fe = max(fe, sec(e.UntilS))
 		}
 	}
-	add := func(name string, from, to time.Duration, l hybrid.Limit) {
-		if to > from {
-			r.phases = append(r.phases, &phase{name: name, from: from, to: to, limit: l,
-				perKeyOffered: map[string]int64{}, perKeyAdmitted: map[string]int64{}})
-		}
-	}
-	switch {
-	case fs >= 0:
+	if fs >= 0 {
 		r.faultEnd = fe
-		add("healthy", 0, fs, lim)
-		add("outage", fs, fe, lim)
-		add("recovery", fe, min(fe+2*time.Second, total), lim)
-		add("after", min(fe+2*time.Second, total), total, lim)
-	default:
-		var change *EventSpec
-		for i, e := range sc.Events {
-			if e.Kind == "policy" {
-				change = &sc.Events[i]
-				break
-			}
-		}
-		if change == nil {
-			add("healthy", 0, total, lim)
-			break
-		}
-		at := sec(change.AtS)
-		next := lim
-		next.Rate, next.Burst = change.Rate, change.Burst
-		ttl := w.leaseTTL()
-		add("healthy", 0, at, lim)
-		add("change", at, min(at+ttl, total), next)
-		add("after", min(at+ttl, total), total, next)
+		r.addPhase("healthy", 0, fs, lim)
+		r.addPhase("outage", fs, fe, lim)
+		r.addPhase("recovery", fe, min(fe+2*time.Second, total), lim)
+		r.addPhase("after", min(fe+2*time.Second, total), total, lim)
+		return
 	}
-	secs := int(math.Ceil(sc.DurationS))
-	r.perSecond = make([][]int64, secs)
-	r.offeredS = make([]int64, secs)
-	r.limitS = make([]float64, secs)
-	for i := range r.limitS {
-		r.limitS[i] = perSecond(lim)
+	for _, e := range sc.Events {
+		if e.Kind == "policy" {
+			at := sec(e.AtS)
+			next := lim
+			next.Rate, next.Burst = e.Rate, e.Burst
+			r.addPhase("healthy", 0, at, lim)
+			r.addPhase("change", at, min(at+ttl, total), next)
+			r.addPhase("after", min(at+ttl, total), total, next)
+			return
+		}
 	}
-	return r
+	r.addPhase("healthy", 0, total, lim)
+}
+
+func (r *recorder) addPhase(name string, from, to time.Duration, l hybrid.Limit) {
+	if to > from {
+		r.phases = append(r.phases, &phase{name: name, from: from, to: to, limit: l,
+			perKeyOffered: map[string]int64{}, perKeyAdmitted: map[string]int64{}})
+	}
 }
 
 func perSecond(l hybrid.Limit) float64 { return float64(l.Rate) / l.Period.Seconds() }
@@ -176,8 +178,6 @@ func (r *recorder) decision(now time.Duration, proc int, key string, d hybrid.De
 	}
 	r.perSecond[s][proc]++
 }
-
-func (r *recorder) finish(time.Duration) {}
 
 // bound returns the phase's exact bound summed over the keys that saw
 // demand, the servable demand (each key's offered, capped at its bound)

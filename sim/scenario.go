@@ -156,6 +156,17 @@ var kinds = map[string]bool{"outage": true, "hang": true, "latency": true, "part
 
 // validate fills defaults and rejects what cannot run.
 func (s *Scenario) validate() error {
+	errs := s.validateRun()
+	for i := range s.Traffic {
+		errs = append(errs, s.Traffic[i].validate(i, s.DurationS)...)
+	}
+	for i := range s.Events {
+		errs = append(errs, s.validateEvent(i)...)
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Scenario) validateRun() []error {
 	var errs []error
 	if s.Name == "" {
 		errs = append(errs, errors.New("name is empty"))
@@ -186,58 +197,63 @@ func (s *Scenario) validate() error {
 	if len(s.Traffic) == 0 {
 		errs = append(errs, errors.New("traffic is empty"))
 	}
-	for i := range s.Traffic {
-		t := &s.Traffic[i]
-		if t.Keys == 0 {
-			t.Keys = 1
-		}
-		if t.KeyPrefix == "" {
-			t.KeyPrefix = "k"
-		}
-		if t.Pattern == "" {
-			t.Pattern = "constant"
-		}
-		if t.UntilS == 0 {
-			t.UntilS = s.DurationS
-		}
-		switch {
-		case t.RatePerS <= 0:
-			errs = append(errs, fmt.Errorf("traffic[%d].rate_per_s must be positive", i))
-		case t.Pattern != "constant" && t.Pattern != "poisson" && t.Pattern != "bursty":
-			errs = append(errs, fmt.Errorf("traffic[%d].pattern %q unknown", i, t.Pattern))
-		case t.Pattern == "bursty" && (t.OnS <= 0 || t.OffS <= 0):
-			errs = append(errs, fmt.Errorf("traffic[%d]: bursty needs on_s and off_s", i))
-		case t.KeyDist != "" && t.KeyDist != "uniform" && t.KeyDist != "zipf":
-			errs = append(errs, fmt.Errorf("traffic[%d].key_dist %q unknown", i, t.KeyDist))
-		case t.KeyDist == "zipf" && t.ZipfS <= 1:
-			errs = append(errs, fmt.Errorf("traffic[%d].zipf_s must be > 1", i))
-		case t.ProcessSkew < 0 || t.ProcessSkew > 1:
-			errs = append(errs, fmt.Errorf("traffic[%d].process_skew outside [0, 1]", i))
+	return errs
+}
+
+// validate fills the defaults of traffic spec i and checks it.
+func (t *TrafficSpec) validate(i int, durationS float64) []error {
+	if t.Keys == 0 {
+		t.Keys = 1
+	}
+	if t.KeyPrefix == "" {
+		t.KeyPrefix = "k"
+	}
+	if t.Pattern == "" {
+		t.Pattern = "constant"
+	}
+	if t.UntilS == 0 {
+		t.UntilS = durationS
+	}
+	switch {
+	case t.RatePerS <= 0:
+		return []error{fmt.Errorf("traffic[%d].rate_per_s must be positive", i)}
+	case t.Pattern != "constant" && t.Pattern != "poisson" && t.Pattern != "bursty":
+		return []error{fmt.Errorf("traffic[%d].pattern %q unknown", i, t.Pattern)}
+	case t.Pattern == "bursty" && (t.OnS <= 0 || t.OffS <= 0):
+		return []error{fmt.Errorf("traffic[%d]: bursty needs on_s and off_s", i)}
+	case t.KeyDist != "" && t.KeyDist != "uniform" && t.KeyDist != "zipf":
+		return []error{fmt.Errorf("traffic[%d].key_dist %q unknown", i, t.KeyDist)}
+	case t.KeyDist == "zipf" && t.ZipfS <= 1:
+		return []error{fmt.Errorf("traffic[%d].zipf_s must be > 1", i)}
+	case t.ProcessSkew < 0 || t.ProcessSkew > 1:
+		return []error{fmt.Errorf("traffic[%d].process_skew outside [0, 1]", i)}
+	}
+	return nil
+}
+
+func (s *Scenario) validateEvent(i int) []error {
+	var errs []error
+	e := &s.Events[i]
+	if !kinds[e.Kind] {
+		errs = append(errs, fmt.Errorf("events[%d].kind %q unknown", i, e.Kind))
+	}
+	if e.AtS < 0 || e.AtS > s.DurationS {
+		errs = append(errs, fmt.Errorf("events[%d].at_s %v outside the run", i, e.AtS))
+	}
+	if e.faulty() && e.UntilS <= e.AtS {
+		errs = append(errs, fmt.Errorf("events[%d]: %s needs until_s after at_s", i, e.Kind))
+	}
+	if e.Kind == "partition" && (e.Fraction <= 0 || e.Fraction > 1) {
+		errs = append(errs, fmt.Errorf("events[%d]: partition needs a fraction in (0, 1]", i))
+	}
+	if e.Kind == "policy" {
+		l := s.Policy.limit()
+		l.Rate, l.Burst = e.Rate, e.Burst
+		if err := l.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("events[%d]: %w", i, err))
 		}
 	}
-	for i := range s.Events {
-		e := &s.Events[i]
-		if !kinds[e.Kind] {
-			errs = append(errs, fmt.Errorf("events[%d].kind %q unknown", i, e.Kind))
-		}
-		if e.AtS < 0 || e.AtS > s.DurationS {
-			errs = append(errs, fmt.Errorf("events[%d].at_s %v outside the run", i, e.AtS))
-		}
-		if e.faulty() && e.UntilS <= e.AtS {
-			errs = append(errs, fmt.Errorf("events[%d]: %s needs until_s after at_s", i, e.Kind))
-		}
-		if e.Kind == "partition" && (e.Fraction <= 0 || e.Fraction > 1) {
-			errs = append(errs, fmt.Errorf("events[%d]: partition needs a fraction in (0, 1]", i))
-		}
-		if e.Kind == "policy" {
-			l := s.Policy.limit()
-			l.Rate, l.Burst = e.Rate, e.Burst
-			if err := l.Validate(); err != nil {
-				errs = append(errs, fmt.Errorf("events[%d]: %w", i, err))
-			}
-		}
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // faulty reports whether the event makes the store fail for someone.

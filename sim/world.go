@@ -111,7 +111,6 @@ func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*
 			progress(now, total)
 		}
 	}
-	w.rec.finish(total)
 	for _, p := range w.procs {
 		if p.alive {
 			_ = p.lim.Close(w.ctx)
@@ -197,74 +196,28 @@ func (w *world) alive() []*process {
 
 // schedule turns events into timed actions.
 func (w *world) schedule() {
-	at := func(s float64, f func()) { w.pending = append(w.pending, timedAction{sec(s), f}) }
 	for _, e := range w.sc.Events {
 		switch e.Kind {
 		case "outage", "hang", "latency", "partition":
-			set := func(on bool) {
-				ps := w.alive()
-				n := len(ps)
-				if e.Kind == "partition" {
-					n = int(math.Ceil(e.Fraction * float64(len(ps))))
-				}
-				for _, p := range ps[:n] {
-					switch e.Kind {
-					case "outage", "partition":
-						p.store.down.Store(on)
-					case "hang":
-						p.store.hang.Store(on)
-					case "latency":
-						extra := int64(0)
-						if on {
-							extra = int64(ms(e.LatencyMS))
-						}
-						p.store.extra.Store(extra)
-					}
-				}
-			}
-			at(e.AtS, func() { set(true) })
-			at(e.UntilS, func() { set(false) })
+			w.at(e.AtS, func() { w.setFault(e, true) })
+			w.at(e.UntilS, func() { w.setFault(e, false) })
 		case "skew":
-			at(e.AtS, func() {
-				for i, p := range w.alive() {
-					d := ms(e.SkewMS)
-					if i%2 == 1 {
-						d = -d
-					}
-					p.clk.offset.Store(int64(d))
-				}
-			})
+			w.at(e.AtS, func() { w.skew(ms(e.SkewMS)) })
 		case "policy":
-			at(e.AtS, func() {
-				p := w.policy
-				p.Limit.Rate, p.Limit.Burst = e.Rate, e.Burst
-				p.Version++
-				if err := w.alive()[0].lim.SetPolicy(w.ctx, p); err == nil {
-					w.policy = p
-					w.rec.policyChanged(sec(e.AtS), p.Limit)
-				}
-			})
+			w.at(e.AtS, func() { w.changePolicy(e) })
 		case "restart":
 			every := sec(e.EveryS)
 			for i := 0; i < w.sc.Processes; i++ {
-				w.pending = append(w.pending, timedAction{sec(e.AtS) + time.Duration(i)*every, func() {
-					p := w.procs[i]
-					if !p.alive {
-						return
-					}
-					_ = p.lim.Close(w.ctx)
-					p.alive = false
-					_ = w.start(p)
-				}})
+				w.pending = append(w.pending, timedAction{sec(e.AtS) + time.Duration(i)*every, func() { w.restart(i) }})
 			}
 		case "join":
-			at(e.AtS, func() {
+			w.at(e.AtS, func() {
 				for i := 0; i < max(e.Count, 1); i++ {
 					_ = w.spawn()
 				}
 			})
 		case "leave":
-			at(e.AtS, func() {
+			w.at(e.AtS, func() {
 				ps := w.alive()
 				for _, p := range ps[max(len(ps)-max(e.Count, 1), 1):] {
 					_ = p.lim.Close(w.ctx)
@@ -274,6 +227,65 @@ func (w *world) schedule() {
 		}
 	}
 	sort.SliceStable(w.pending, func(i, j int) bool { return w.pending[i].at < w.pending[j].at })
+}
+
+// at schedules f at virtual second s.
+func (w *world) at(s float64, f func()) { w.pending = append(w.pending, timedAction{sec(s), f}) }
+
+// setFault turns a store fault on or off for the processes it touches.
+func (w *world) setFault(e EventSpec, on bool) {
+	ps := w.alive()
+	n := len(ps)
+	if e.Kind == "partition" {
+		n = int(math.Ceil(e.Fraction * float64(len(ps))))
+	}
+	for _, p := range ps[:n] {
+		switch e.Kind {
+		case "outage", "partition":
+			p.store.down.Store(on)
+		case "hang":
+			p.store.hang.Store(on)
+		case "latency":
+			extra := int64(0)
+			if on {
+				extra = int64(ms(e.LatencyMS))
+			}
+			p.store.extra.Store(extra)
+		}
+	}
+}
+
+// skew moves every other process's clock ahead by d and the rest back.
+func (w *world) skew(d time.Duration) {
+	for i, p := range w.alive() {
+		if i%2 == 1 {
+			p.clk.offset.Store(int64(-d))
+		} else {
+			p.clk.offset.Store(int64(d))
+		}
+	}
+}
+
+// changePolicy rolls out the event's limit from the first live process.
+func (w *world) changePolicy(e EventSpec) {
+	p := w.policy
+	p.Limit.Rate, p.Limit.Burst = e.Rate, e.Burst
+	p.Version++
+	if err := w.alive()[0].lim.SetPolicy(w.ctx, p); err == nil {
+		w.policy = p
+		w.rec.policyChanged(sec(e.AtS), p.Limit)
+	}
+}
+
+// restart closes process i and starts it again, if it is alive.
+func (w *world) restart(i int) {
+	p := w.procs[i]
+	if !p.alive {
+		return
+	}
+	_ = p.lim.Close(w.ctx)
+	p.alive = false
+	_ = w.start(p)
 }
 
 func (w *world) runActions(now time.Duration) {
