@@ -103,3 +103,24 @@ func BenchmarkAllow(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkStats measures a Stats snapshot over 100 000 tracked keys: its
+// cost is documented on Limiter.Stats.
+func BenchmarkStats(b *testing.B) {
+	w := newFakeWorld()
+	l, err := New(grantAll{clk: w.clk}, Policy{Name: "stats", Limit: PerSecond(1000)}, WithClock(w.clk), quiet)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = l.Close(context.Background()) })
+	for i := 0; i < 100_000; i++ {
+		l.Allow(context.Background(), fmt.Sprint("k", i))
+	}
+	if n := l.Stats().KeysTracked; n != 100_000 {
+		b.Fatalf("tracking %d keys, want 100000", n)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		_ = l.Stats()
+	}
+}

@@ -50,8 +50,9 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, er
 			if low {
 				l.leaser.refillAsync(e)
 			}
-			return Decision{Allowed: true, Limit: l.policy.load().Limit, Remaining: left,
-				ResetAfter: e.resetAfter(l.cfg.now()), Source: SourceLease}, nil
+			lim, now := l.policy.load().Limit, l.cfg.now()
+			return Decision{Allowed: true, Limit: lim, Remaining: e.remaining(lim, left, now),
+				ResetAfter: e.resetAfter(now), Source: SourceLease}, nil
 		}
 	}
 	return l.allowSlow(ctx, key, n)
@@ -132,7 +133,8 @@ func (l *Limiter) admit(e *entry, p *policyState, left int64, afterCall bool) De
 		src = SourceRemote
 		l.stats.admitted[SourceRemote].Add(1)
 	}
-	return Decision{Allowed: true, Limit: p.Limit, Remaining: left, ResetAfter: e.resetAfter(l.cfg.now()), Source: src}
+	now := l.cfg.now()
+	return Decision{Allowed: true, Limit: p.Limit, Remaining: e.remaining(p.Limit, left, now), ResetAfter: e.resetAfter(now), Source: src}
 }
 
 // decideWithoutStore decides n on e when the store must not or need not be
@@ -192,7 +194,8 @@ func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n, 
 
 func (l *Limiter) reject(e *entry, p *policyState, src Source, wait time.Duration, now int64) Decision {
 	l.stats.rejected[src].Add(1)
-	return Decision{Limit: p.Limit, RetryAfter: wait, ResetAfter: e.resetAfter(now), Source: src}
+	return Decision{Limit: p.Limit, Remaining: e.remaining(p.Limit, e.lease.Tokens(), now), RetryAfter: wait,
+		ResetAfter: e.resetAfter(now), Source: src}
 }
 
 func (l *Limiter) checkRequest(p *policyState, key string, n int64) error {

@@ -47,14 +47,19 @@ type Decision struct {
 	Allowed bool
 	// Limit is the limit in force.
 	Limit Limit
-	// Remaining is how many tokens this process can still spend on the key
-	// without asking the store (its lease), or, after a store call, what
-	// the store reported left in the global bucket.
+	// Remaining estimates how many tokens the whole fleet may still admit
+	// on the key now: the global bucket's level in the store's last
+	// answer, refilled at the limit's rate since, plus this process's
+	// unspent lease. It is an estimate (other processes' spending since
+	// that answer is unknown here), never above Burst and never below what
+	// this process itself can still spend without asking the store. In
+	// degraded mode it is what this process's share has left.
 	Remaining int64
 	// RetryAfter is, when !Allowed, how long until asking again can succeed.
 	RetryAfter time.Duration
-	// ResetAfter is how long until the global bucket is full, as of the
-	// store's last answer for this key.
+	// ResetAfter is how long until the global bucket would be full if
+	// nobody spent from it, as of the store's last answer for this key
+	// (degraded mode: this process's share).
 	ResetAfter time.Duration
 	// Source says what decided.
 	Source Source

@@ -22,7 +22,10 @@ type entry struct {
 	refilling    atomic.Bool  // a background refill is running
 	emptyUntil   atomic.Int64 // mono ns: the store said empty until then
 	pendingUntil atomic.Int64 // mono ns: a reservation becomes spendable then
+	reserved     atomic.Int64 // tokens in pending reservations
 	resetAt      atomic.Int64 // mono ns: the bucket is full then (last answer)
+	level        atomic.Int64 // tokens in the bucket at the last answer; -1 before the first
+	levelAt      atomic.Int64 // mono ns of that answer
 	added        atomic.Int64 // tokens put into the lease
 	drained      atomic.Int64 // tokens taken out of the lease unspent
 	misses       atomic.Int64 // tokens asked for on the slow path
@@ -50,7 +53,11 @@ type reservation struct {
 	timer clock.Timer
 }
 
-func newEntry(key string) *entry { return &entry{key: key} }
+func newEntry(key string) *entry {
+	e := &entry{key: key}
+	e.level.Store(-1)
+	return e
+}
 
 // spend takes n tokens from the lease and counts the admission; low
 // reports that the lease fell below its low-water mark. Small enough to
@@ -65,6 +72,19 @@ func (e *entry) spend(n int64) (ok, low bool, left int64) {
 
 func (e *entry) resetAfter(now int64) time.Duration {
 	return time.Duration(max(e.resetAt.Load()-now, 0))
+}
+
+// remaining estimates what the fleet may still admit on e's key at now:
+// the bucket level of the store's last answer, refilled at lim's rate
+// since (other processes' spending is unknown to this one), plus left,
+// this process's unspent lease; at most Burst and never below left.
+func (e *entry) remaining(lim Limit, left, now int64) int64 {
+	level := e.level.Load()
+	if level < 0 {
+		return left
+	}
+	level += lim.TokensIn(time.Duration(now - e.levelAt.Load()))
+	return max(min(level+left, lim.Burst), left)
 }
 
 // consumed is the tokens spent from the lease so far: every token that

@@ -154,13 +154,16 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 // it and will take from it).
 func (ls *leaser) request(e *entry, p *policyState, need, now int64) remote.Request {
 	want := min(ls.sizeLease(e, p, max(need, e.waiting.Load()), now), p.Limit.Burst)
-	minimum := want
-	if ls.cfg.maxDelay == 0 {
-		// Without reservations, take what is there rather than nothing.
-		minimum = max(need, 1)
+	// A caller waits for this call: whatever covers its need is granted
+	// now. A background refill prefers a future-dated full lease (paced
+	// grants on a contended key) and takes the tail of the bucket only
+	// when no full lease can be future-dated.
+	minimum, floor := max(need, 1), max(need, 1)
+	if need == 0 && ls.cfg.maxDelay > 0 {
+		minimum = want
 	}
 	return remote.Request{Prefix: ls.cfg.prefix, Policy: p.Name, Key: e.key, Limit: p.Limit, Version: p.Version,
-		N: want, Min: minimum, MaxDelay: ls.cfg.maxDelay}
+		N: want, Min: minimum, Need: floor, MaxDelay: ls.cfg.maxDelay}
 }
 
 // apply records a lease reply on e, received at now.
@@ -172,6 +175,8 @@ func (ls *leaser) apply(e *entry, res remote.Result, now int64) fetchOutcome {
 		return fetchOutcome{retry: staleRetry, at: now}
 	}
 	e.resetAt.Store(now + int64(res.ResetAfter))
+	e.levelAt.Store(now)
+	e.level.Store(res.Remaining)
 	switch {
 	case res.Granted > 0 && res.Delay <= 0:
 		ls.stats.leaseGrants.Add(1)
@@ -239,12 +244,16 @@ func (e *entry) removePendingLocked(r *reservation) bool {
 	return false
 }
 
+// setPendingUntilLocked publishes the pending list's latest deadline and
+// token count for lock-free readers (the slow path, Stats).
 func (e *entry) setPendingUntilLocked() {
-	var until int64
+	var until, n int64
 	for _, r := range e.mu.pending {
 		until = max(until, r.until)
+		n += r.n
 	}
 	e.pendingUntil.Store(until)
+	e.reserved.Store(n)
 }
 
 // release closes e's lease and cancels its reservations, returning the
@@ -258,7 +267,7 @@ func (ls *leaser) release(e *entry) []reconcile.Item {
 	e.mu.Lock()
 	rs := e.mu.pending
 	e.mu.pending = nil
-	e.pendingUntil.Store(0)
+	e.setPendingUntilLocked()
 	e.mu.Unlock()
 	var n int64
 	for _, r := range rs {

@@ -2,6 +2,8 @@ package hybrid
 
 import (
 	"context"
+	"math"
+	"math/bits"
 	"sync/atomic"
 	"time"
 
@@ -42,6 +44,10 @@ func (o *outage) decide(e *entry, p *policyState, n, now int64) Decision {
 		return Decision{Limit: p.Limit, RetryAfter: o.cfg.storeTimeout, Source: SourceFailClosed}
 	}
 	b := o.degradedBucket(e, p, now)
+	if b == nil {
+		o.stats.rejected[SourceDegraded].Add(1)
+		return Decision{Limit: p.Limit, RetryAfter: o.cfg.storeTimeout, Source: SourceDegraded}
+	}
 	r, err := b.TakeAt(now, n)
 	if err != nil || !r.Allowed {
 		o.stats.rejected[SourceDegraded].Add(1)
@@ -57,15 +63,20 @@ func (o *outage) decide(e *entry, p *policyState, n, now int64) Decision {
 }
 
 // degradedBucket returns e's local GCRA at this process's share of the
-// limit, rebuilt when the policy or the fleet size changes.
+// limit, rebuilt when the policy or the fleet size changes; nil when no
+// share can be expressed (the outage then refuses: a share never falls
+// back to more than Rate/N).
 func (o *outage) degradedBucket(e *entry, p *policyState, now int64) *local.Bucket {
-	share := o.share(p.Limit)
+	share, ok := shareOf(p.Limit, int64(o.size()))
+	if !ok {
+		return nil
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.mu.degraded == nil || e.mu.share != share {
 		b, err := local.NewBucket(share)
-		if err != nil { // the share cannot be expressed; fall back to the whole limit
-			b, _ = local.NewBucket(p.Limit)
+		if err != nil {
+			return nil // shareOf validated it; kept for safety, refusing
 		}
 		if e.added.Load() > 0 {
 			// The key was in use when the store went away: its global
@@ -78,18 +89,50 @@ func (o *outage) degradedBucket(e *entry, p *policyState, now int64) *local.Buck
 	return e.mu.degraded
 }
 
-// share is this process's part of lim: Rate/N per Period (as Rate per
-// N·Period, exactly) and Burst/N, at least 1.
-func (o *outage) share(lim local.Limit) local.Limit {
-	n := int64(o.size())
+// shareOf is one process's part of lim among n: Burst/N (at least 1) and
+// Rate/N per Period. The rate is kept exact (Rate per N·Period) when that
+// has an exact form; otherwise it is rounded toward admitting less:
+// floor(Rate/N) per Period, or one token per Period·N/Rate rounded up to
+// the microsecond. ok is false when no share can be expressed.
+func shareOf(lim local.Limit, n int64) (local.Limit, bool) {
 	if n <= 1 {
-		return lim
+		return lim, true
 	}
-	s := local.Limit{Rate: lim.Rate, Period: lim.Period * time.Duration(n), Burst: max(1, lim.Burst/n)}
-	if s.Validate() != nil || s.Period/time.Duration(n) != lim.Period {
-		return lim
+	burst := max(1, lim.Burst/n)
+	var candidates []local.Limit
+	if p := lim.Period * time.Duration(n); p/time.Duration(n) == lim.Period {
+		candidates = append(candidates, local.Limit{Rate: lim.Rate, Period: p, Burst: burst})
 	}
-	return s
+	if r := lim.Rate / n; r >= 1 {
+		candidates = append(candidates, local.Limit{Rate: r, Period: lim.Period, Burst: burst})
+	}
+	// One token per ceil(Period·N/Rate), in whole microseconds.
+	if per, ok := ceilMulDiv(int64(lim.Period/time.Microsecond), n, lim.Rate); ok {
+		candidates = append(candidates, local.Limit{Rate: 1, Period: time.Duration(per) * time.Microsecond, Burst: burst})
+	}
+	for _, c := range candidates {
+		if c.Validate() == nil {
+			return c, true
+		}
+	}
+	return local.Limit{}, false
+}
+
+// ceilMulDiv returns ceil(a·b/c) for positive a, b, c, and false when it
+// does not fit a Duration in microseconds.
+func ceilMulDiv(a, b, c int64) (int64, bool) {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return 0, false
+	}
+	q, r := bits.Div64(hi, lo, uint64(c))
+	if r != 0 {
+		q++
+	}
+	if q == 0 || q > uint64(math.MaxInt64/int64(time.Microsecond)) {
+		return 0, false
+	}
+	return int64(q), true
 }
 
 // size is N for degraded-mode shares: the configured size, else the last

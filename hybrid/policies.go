@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -54,8 +55,10 @@ type policyTracker struct {
 	records remote.Policies // nil when the store keeps no policy records
 	cur     atomic.Pointer[policyState]
 	newest  atomic.Uint64 // newest policy version a store reply named
-	synced  atomic.Bool   // the store's record has been read
-	flights singleflight.Group
+	synced  atomic.Bool   // the store's record has been read (or found unreadable)
+	// corruptLogged is set once an unreadable record has been logged.
+	corruptLogged atomic.Bool
+	flights       singleflight.Group
 	// adopted is called after each switch to a newer policy (never under
 	// a lock of the tracker).
 	adopted func(next *policyState)
@@ -157,9 +160,17 @@ func (t *policyTracker) syncOnce(ctx context.Context) {
 }
 
 // poll reads the policy record (every policy poll interval, and on every
-// push) and adopts it if newer.
+// push) and adopts it if newer. A record someone else overwrote cannot be
+// read: it is logged once and ignored, and decisions follow the buckets
+// (which still refuse older versions), rather than asking the store for
+// the record again before every lease.
 func (t *policyTracker) poll(ctx context.Context) {
-	if err := t.refresh(ctx); err == nil {
+	err := t.refresh(ctx)
+	if errors.Is(err, remote.ErrCorruptState) && t.corruptLogged.CompareAndSwap(false, true) {
+		t.cfg.logger.LogAttrs(context.Background(), slog.LevelError, "leasehold: unreadable policy record; deciding by the buckets",
+			slog.String("policy", t.load().Name), slog.String("error", err.Error()))
+	}
+	if err == nil || errors.Is(err, remote.ErrCorruptState) {
 		t.synced.Store(true)
 	}
 }

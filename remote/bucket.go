@@ -105,14 +105,17 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now int64) 
 			granted = st.level
 		default:
 			d := st.waitFor(st.level-r.N, 0)
+			dNeed := st.waitFor(st.level-r.Need, 0)
 			maxDelay := int64(r.MaxDelay / time.Microsecond)
 			switch {
 			case maxDelay > 0 && d <= maxDelay:
 				granted, delay = r.N, d
-			case maxDelay > 0:
-				retry = d - maxDelay
+			case st.level >= r.Need:
+				granted = st.level
+			case maxDelay > 0 && dNeed <= maxDelay:
+				granted, delay = r.Need, dNeed
 			default:
-				retry = st.waitFor(st.level, r.Min)
+				retry = dNeed
 			}
 		}
 		st.level -= granted

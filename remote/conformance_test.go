@@ -102,6 +102,7 @@ type confStep struct {
 	kind     stepKind
 	n        int64
 	min      int64
+	need     int64
 	maxDelay time.Duration
 	version  uint64
 	limit    *local.Limit // nil: the sequence's limit
@@ -160,7 +161,19 @@ var sequences = []struct {
 	{"future-dated lease", slow, []confStep{
 		{kind: lease, n: 3, wantGranted: 3, wantLeft: 0},
 		{kind: lease, n: 2, maxDelay: time.Second, wantGranted: 2, wantLeft: 0, wantDelay: 400 * ms},
-		{kind: lease, n: 2, maxDelay: 500 * ms, wantGranted: 0, wantLeft: 0, wantRetry: 300 * ms},
+		// A refusal waits for the caller's need (min, 1 here), not for n
+		// less the reservation horizon.
+		{kind: lease, n: 2, maxDelay: 500 * ms, wantGranted: 0, wantLeft: 0, wantRetry: 600 * ms},
+	}},
+	// The bucket's tail (issue 10): a lease that cannot be filled nor
+	// future-dated within maxDelay falls back to the tokens that are there
+	// when they cover the caller's need, then to a reservation of the need,
+	// and a refusal waits for the need alone.
+	{"tail: tokens below a lease are granted", slow10, []confStep{
+		{kind: lease, n: 8, wantGranted: 8, wantLeft: 2},
+		{kind: lease, n: 5, min: 5, need: 1, maxDelay: 500 * ms, wantGranted: 2, wantLeft: 0},
+		{kind: lease, n: 5, min: 5, need: 2, maxDelay: 500 * ms, wantGranted: 2, wantLeft: 0, wantDelay: 400 * ms},
+		{kind: lease, n: 5, min: 5, need: 1, maxDelay: 100 * ms, wantGranted: 0, wantLeft: 0, wantRetry: 600 * ms},
 	}},
 	{"version up keeps tokens used", slow, []confStep{
 		{kind: lease, n: 2, version: 1, wantGranted: 2, wantLeft: 1},
@@ -212,7 +225,7 @@ func runSequence(t *testing.T, be backend, key string, lim local.Limit, steps []
 	t.Helper()
 	ctx := context.Background()
 	for i, s := range steps {
-		req := Request{Policy: "conformance", Key: key, Limit: lim, Version: s.version, N: s.n, Min: s.min, MaxDelay: s.maxDelay}
+		req := Request{Policy: "conformance", Key: key, Limit: lim, Version: s.version, N: s.n, Min: s.min, Need: s.need, MaxDelay: s.maxDelay}
 		if s.limit != nil {
 			req.Limit = *s.limit
 		}

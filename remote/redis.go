@@ -184,7 +184,7 @@ func scriptArgs(op Op, r *Request) (string, []any, error) {
 	}
 	key := BucketKey(r.Prefix, r.Policy, r.Key)
 	return key, []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version, int64(r.MaxDelay / time.Microsecond),
-		-maxDebt, ttlMargin.Milliseconds()}, nil
+		-maxDebt, ttlMargin.Milliseconds(), r.Need}, nil
 }
 
 // classify wraps a Redis failure: foreign data in the key is

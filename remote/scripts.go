@@ -13,7 +13,7 @@ import "github.com/redis/go-redis/v9"
 // KEYS[1]  the bucket key, prefix{policy:key}
 // ARGV[1]  op: "lease", "return" or "debit"
 // ARGV[2]  n: tokens wanted (lease), given back (return) or charged (debit)
-// ARGV[3]  min: fewest tokens a lease grants now
+// ARGV[3]  min: fewest tokens a lease grants now rather than future-date n
 // ARGV[4]  rate  } the refill: rate tokens every per microseconds,
 // ARGV[5]  per   } in lowest terms
 // ARGV[6]  burst
@@ -21,6 +21,12 @@ import "github.com/redis/go-redis/v9"
 // ARGV[8]  maxdelay: µs ahead a lease on an empty bucket may be future-dated
 // ARGV[9]  floor: the lowest level debt may take a bucket to (-maxDebt)
 // ARGV[10] margin: ms a key outlives its time to full (ttlMargin)
+// ARGV[11] need: fewest tokens that serve the caller, at most min
+//
+// A lease never refuses while need tokens are there: it grants n, or the
+// level if at least min, or n future-dated within maxdelay, or the level
+// if at least need, or need future-dated within maxdelay, in that order;
+// a refusal's retry is the wait for need, never for n.
 //
 // State, a string: "level carry last version burst rate per"
 //
@@ -66,6 +72,7 @@ local version = tonumber(ARGV[7])
 local maxdelay = tonumber(ARGV[8])
 local floor = tonumber(ARGV[9])
 local margin = tonumber(ARGV[10])
+local need = tonumber(ARGV[11])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -129,9 +136,11 @@ if op == 'lease' then
   elseif s.level >= minn then granted = s.level
   else
     local d = waitfor(s.level - n, 0)
+    local dneed = waitfor(s.level - need, 0)
     if maxdelay > 0 and d <= maxdelay then granted = n; delay = d
-    elseif maxdelay > 0 then retry = d - maxdelay
-    else retry = waitfor(s.level, minn) end
+    elseif s.level >= need then granted = s.level
+    elseif maxdelay > 0 and dneed <= maxdelay then granted = need; delay = dneed
+    else retry = dneed end
   end
   s.level = s.level - granted
 elseif op == 'return' then

@@ -89,8 +89,14 @@ type Request struct {
 	// N is the number of tokens: wanted (Lease), given back (Return) or
 	// charged (Debit).
 	N int64
-	// Min is the fewest tokens worth granting now (Lease only); 0 means 1.
+	// Min is the fewest tokens worth granting now rather than trying to
+	// future-date all N (Lease only); 0 means 1.
 	Min int64
+	// Need is the fewest tokens that serve the caller (Lease only, at most
+	// Min; 0 means Min). A lease never refuses while Need tokens are in
+	// the bucket: it grants them all (up to N), or future-dates Need within
+	// MaxDelay, and a refusal's RetryAfter is the wait for Need.
+	Need int64
 	// MaxDelay lets a Lease on an empty bucket grant N tokens that become
 	// spendable only after Result.Delay, a GCRA reservation, provided the
 	// delay is at most MaxDelay. 0 never future-dates.
@@ -106,8 +112,8 @@ type Result struct {
 	Delay time.Duration
 	// Remaining is how many tokens the bucket holds after the call.
 	Remaining int64
-	// RetryAfter is, for a lease that granted nothing, how long until it
-	// could grant.
+	// RetryAfter is, for a lease that granted nothing, how long until the
+	// bucket holds Need tokens.
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full.
 	ResetAfter time.Duration
@@ -169,6 +175,12 @@ func validate(op Op, r *Request) (exact.Micros, error) {
 		}
 		if r.Min > r.N {
 			return exact.Micros{}, fmt.Errorf("remote: lease %q: min %d above n %d: %w", r.Key, r.Min, r.N, local.ErrInvalidN)
+		}
+		if r.Need <= 0 {
+			r.Need = r.Min
+		}
+		if r.Need > r.Min {
+			return exact.Micros{}, fmt.Errorf("remote: lease %q: need %d above min %d: %w", r.Key, r.Need, r.Min, local.ErrInvalidN)
 		}
 		if r.MaxDelay < 0 || r.MaxDelay > local.MaxTimeToFull {
 			return exact.Micros{}, fmt.Errorf("remote: lease %q: max delay %v: %w", r.Key, r.MaxDelay, local.ErrInvalidLimit)

@@ -74,3 +74,26 @@ func TestByRemoteIP(t *testing.T) {
 		t.Fatal("ByRemoteIP(garbage) = nil error")
 	}
 }
+
+// TestRemainingHeaderIsTheFleetsEstimate (issue 10.2): a client's first
+// request on a PerSecond(1000) key sees about 999 left, not what is left of
+// this server's small lease.
+func TestRemainingHeaderIsTheFleetsEstimate(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	lim, err := hybrid.New(remote.NewMemory(clk), hybrid.Policy{Name: "http-remaining", Limit: hybrid.PerSecond(1000)},
+		hybrid.WithClock(clk), hybrid.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close(context.Background())
+	h := Middleware(lim, ByHeader("X-Tenant"))(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	for i, want := range []string{"999", "998", "997"} {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("X-Tenant", "a")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if got := w.Header().Get("RateLimit-Remaining"); got != want {
+			t.Fatalf("request %d: RateLimit-Remaining %q, want %q", i, got, want)
+		}
+	}
+}
