@@ -31,7 +31,9 @@ var errSlow = errors.New("breaker: slow call")
 // Settings configures a Store. Zero fields take the documented defaults.
 type Settings struct {
 	// Breaker is passed to gobreaker, except that Name defaults to
-	// "leasehold", ReadyToTrip defaults to 3 consecutive failures,
+	// "leasehold", ReadyToTrip defaults to 3 consecutive failures (and is
+	// true at once for a remote.ErrUnreachable failure: a store that
+	// refused or dropped the connection is down, not slow),
 	// Timeout (the open period before the first half-open probe, default
 	// 200 ms) is kept on Clock by this package, and OnStateChange is called
 	// after gobreaker has released its lock, in the order of the changes,
@@ -62,6 +64,7 @@ type Store struct {
 	// period follows whatever clock the caller runs on.
 	clk clock.Clock
 
+	downSeen  atomic.Bool  // the failure being counted is remote.ErrUnreachable
 	nextProbe atomic.Int64 // unix ns before which a half-open breaker is treated as open
 	backoff   atomic.Int64 // current probe backoff, ns
 	notify    notifier     // the user's OnStateChange, run outside gobreaker's lock
@@ -100,6 +103,12 @@ func NewStore(next remote.Store, st Settings) *Store {
 	}
 	s := &Store{next: next, latency: st.Latency, timeout: bs.Timeout, maxBack: st.MaxBackoff, clk: st.Clock}
 	s.backoff.Store(int64(bs.Timeout))
+	userTrip := bs.ReadyToTrip
+	bs.ReadyToTrip = func(c gobreaker.Counts) bool {
+		// A store that refused or dropped the connection is down, not
+		// slow: waiting for more failures only delays degraded mode.
+		return s.downSeen.Swap(false) || userTrip(c)
+	}
 	userIsSuccessful := bs.IsSuccessful
 	bs.IsSuccessful = func(err error) bool {
 		if userIsSuccessful != nil {
@@ -185,7 +194,11 @@ func (s *Store) call(fn func() error) error {
 		done(errSlow)
 		return nil // the answer is still good; only the health verdict changes
 	}
+	if errors.Is(err, remote.ErrUnreachable) {
+		s.downSeen.Store(true)
+	}
 	done(err)
+	s.downSeen.Store(false)
 	return err
 }
 
@@ -276,6 +289,11 @@ func (s *Store) GetPolicy(ctx context.Context, prefix, name string) (rec remote.
 	p, ok := s.next.(remote.Policies)
 	if !ok {
 		return remote.PolicyRecord{}, false, errNoPolicies
+	}
+	if s.State() != gobreaker.StateClosed {
+		// A read says nothing about whether writes work (a Redis out of
+		// memory still answers GET): only bucket calls probe the store.
+		return remote.PolicyRecord{}, false, fmt.Errorf("%w (reads do not probe): %w", ErrOpen, remote.ErrUnavailable)
 	}
 	err = s.call(func() error { rec, found, err = p.GetPolicy(ctx, prefix, name); return err })
 	return rec, found, err

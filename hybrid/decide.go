@@ -109,8 +109,8 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 			return l.admit(e, p, left, round > 0), nil
 		}
 		now := l.cfg.now()
-		if d, ok := l.decideWithoutStore(e, p, n, now, round); ok {
-			return d, nil
+		if d, ok, err := l.decideWithoutStore(e, p, n, now, round); ok {
+			return d, err
 		}
 		e.misses.Add(n)
 		e.waiting.Add(n)
@@ -139,28 +139,33 @@ func (l *Limiter) admit(e *entry, p *policyState, left int64, afterCall bool) De
 
 // decideWithoutStore decides n on e when the store must not or need not be
 // asked: the breaker is not closed, a cached answer says when tokens
-// arrive, or this decision has had its store rounds.
-func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, round int) (Decision, bool) {
+// arrive or that the bucket is corrupt, or this decision has had its store
+// rounds.
+func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, round int) (Decision, bool, error) {
 	l.checkMode()
 	switch l.store.State() {
 	case gobreaker.StateOpen:
-		return l.outage.decide(e, p, n, now), true
+		return l.outage.decide(e, p, n, now), true, nil
 	case gobreaker.StateHalfOpen:
 		// Probe in the background; nobody waits on a store that was
 		// down a moment ago.
 		l.leaser.refillAsync(e)
-		return l.outage.decide(e, p, n, now), true
+		return l.outage.decide(e, p, n, now), true, nil
 	}
 	if until := max(e.emptyUntil.Load(), e.pendingUntil.Load()); now < until {
 		// Demand all the same: it sizes the next lease, and it keeps
 		// the key (and this cached answer) from being evicted as idle.
 		e.misses.Add(n)
-		return l.reject(e, p, SourceLease, time.Duration(until-now), now), true
+		return l.reject(e, p, SourceLease, time.Duration(until-now), now), true, nil
+	}
+	if wait, err := e.corruption(now); err != nil {
+		l.stats.rejected[SourceRemote].Add(1)
+		return Decision{Limit: p.Limit, RetryAfter: wait, Source: SourceRemote}, true, err
 	}
 	if round >= maxStoreRounds {
-		return l.reject(e, p, SourceRemote, p.Limit.DurationFor(n), now), true
+		return l.reject(e, p, SourceRemote, p.Limit.DurationFor(n), now), true, nil
 	}
-	return Decision{}, false
+	return Decision{}, false, nil
 }
 
 // storeFailed decides n on e after the store call of the round that began
@@ -171,9 +176,10 @@ func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n, 
 		return Decision{Limit: p.Limit}, ErrClosed
 	case ctx.Err() != nil:
 		return Decision{Limit: p.Limit}, ctx.Err()
-	case errors.Is(err, errSlowFlight) && l.store.State() == gobreaker.StateClosed:
-		// The store is slow but not known to be down: healthy mode never
-		// admits what the store did not grant, so refuse this one. If the
+	case errors.Is(err, errSlowFlight):
+		// No answer within the store timeout: slowness is not a reason to
+		// refuse. Decide as in an outage (this process's degraded share,
+		// charged to the bucket as debt once the store answers). If the
 		// store has answered nothing for a whole refill timeout, it is
 		// more likely dead than slow: tell the breaker, which opens after
 		// a few such reports instead of waiting for in-flight calls to
@@ -182,7 +188,7 @@ func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n, 
 		if waited-l.leaser.lastOK.Load() > int64(l.cfg.refillTimeout) {
 			hooks.ReportTimeout(l.store)
 		}
-		return l.reject(e, p, SourceRemote, l.cfg.storeTimeout, waited), nil
+		return l.outage.decide(e, p, n, waited), nil
 	case remote.IsUnavailable(err):
 		return l.outage.decide(e, p, n, now), nil
 	}

@@ -40,7 +40,9 @@ type entry struct {
 		pending  []*reservation // future-dated grants not yet spendable
 		degraded *local.Bucket
 		share    local.Limit // the limit degraded was built for
+		corrupt  error       // the store's last ErrCorruptState for the key
 	}
+	corruptUntil atomic.Int64 // mono ns: repeat mu.corrupt until then
 
 	// Owned by the key table's sweep, which runs one pass at a time.
 	seen       int64
@@ -85,6 +87,27 @@ func (e *entry) remaining(lim Limit, left, now int64) int64 {
 	}
 	level += lim.TokensIn(time.Duration(now - e.levelAt.Load()))
 	return max(min(level+left, lim.Burst), left)
+}
+
+// corruption returns the store's cached ErrCorruptState answer for the
+// key and how long it stays cached, or nil: a clobbered bucket costs one
+// store call per lease TTL, not one per decision.
+func (e *entry) corruption(now int64) (time.Duration, error) {
+	until := e.corruptUntil.Load()
+	if now >= until {
+		return 0, nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return time.Duration(until - now), e.mu.corrupt
+}
+
+// setCorrupt caches err, an ErrCorruptState answer, until `until`.
+func (e *entry) setCorrupt(err error, until int64) {
+	e.mu.Lock()
+	e.mu.corrupt = err
+	e.mu.Unlock()
+	e.corruptUntil.Store(until)
 }
 
 // consumed is the tokens spent from the lease so far: every token that

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,8 @@ type leaser struct {
 	flights  singleflight.Group // keyed by user key only
 	offset   clock.Offset
 	lastOK   atomic.Int64 // mono ns of the last successful store reply
+	// lostLogged is set once a vanished bucket has been logged.
+	lostLogged atomic.Bool
 }
 
 // spend takes n tokens from e's lease for one decision and returns the
@@ -141,6 +144,9 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	ls.stats.storeCalls.Add(1)
 	if err != nil {
 		ls.stats.storeErrors.Add(1)
+		if errors.Is(err, remote.ErrCorruptState) {
+			e.setCorrupt(err, ls.cfg.now()+int64(ls.cfg.leaseTTL))
+		}
 		return fetchOutcome{}, err
 	}
 	now := ls.cfg.now()
@@ -174,6 +180,11 @@ func (ls *leaser) apply(e *entry, res remote.Result, now int64) fetchOutcome {
 		}
 		return fetchOutcome{retry: staleRetry, at: now}
 	}
+	// A bucket found missing while it should have existed (half its TTL
+	// margin of slack for clock drift) was removed by someone else.
+	if res.Created && e.level.Load() >= 0 && now < e.resetAt.Load()+int64(remote.TTLMargin/2) {
+		ls.bucketLost(e)
+	}
 	e.resetAt.Store(now + int64(res.ResetAfter))
 	e.levelAt.Store(now)
 	e.level.Store(res.Remaining)
@@ -191,6 +202,18 @@ func (ls *leaser) apply(e *entry, res remote.Result, now int64) fetchOutcome {
 	default:
 		e.emptyUntil.Store(now + int64(res.RetryAfter))
 		return fetchOutcome{retry: res.RetryAfter, at: now}
+	}
+}
+
+// bucketLost counts a bucket that vanished before its TTL (evicted by a
+// Redis under memory pressure, or deleted) while this process used it: it
+// came back full, so the fleet may admit a fresh burst. Logged once.
+func (ls *leaser) bucketLost(e *entry) {
+	ls.stats.bucketsLost.Add(1)
+	if ls.lostLogged.CompareAndSwap(false, true) {
+		ls.cfg.logger.LogAttrs(context.Background(), slog.LevelError,
+			"leasehold: a bucket vanished before its TTL (evicted? set maxmemory-policy noeviction)",
+			slog.String("key", e.key))
 	}
 }
 

@@ -74,17 +74,28 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	l.outage = newOutage(&l.cfg, &l.stats, bs, fmt.Sprintf("%016x", rng.uint64()))
 	l.modes = newModeTracker(bs)
 	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, giveBack: l.settleLater}
-	if rs, ok := bs.Unwrap().(interface{ Check() error }); ok {
-		if err := rs.Check(); err != nil {
-			cfg.logger.Warn("leasehold: store misconfigured", slog.String("error", err.Error()))
-		}
-	}
 	l.start()
 	return l, nil
 }
 
-// start launches the background loops.
+// start checks the store's configuration and launches the background
+// loops.
 func (l *Limiter) start() {
+	if rs, ok := l.store.Unwrap().(interface{ Check() error }); ok {
+		if err := rs.Check(); err != nil {
+			l.cfg.logger.Warn("leasehold: store misconfigured", slog.String("error", err.Error()))
+		}
+	}
+	if rs, ok := l.store.Unwrap().(interface{ CheckEviction(context.Context) error }); ok {
+		// A round trip: in the background, so New never waits on the store.
+		l.bg.after(0, func() {
+			ctx, cancel := context.WithTimeout(l.bg.ctx, l.cfg.refillTimeout)
+			defer cancel()
+			if err := rs.CheckEviction(ctx); err != nil {
+				l.cfg.logger.Warn("leasehold: store may evict buckets", slog.String("error", err.Error()))
+			}
+		})
+	}
 	l.bg.tick(l.cfg.sweepInterval, l.cfg.sweepInterval, l.sweep)
 	if l.outage.fleet != nil {
 		l.bg.tick(0, l.cfg.hbInterval, l.heartbeat)

@@ -43,9 +43,26 @@ func (l *Limiter) debitItem(p *policyState, key string, n int64) reconcile.Item 
 func (l *Limiter) sweep() {
 	l.checkMode()
 	now := l.cfg.now()
-	l.keys.each(func(e *entry) { l.settleLater(l.leaser.drainExpired(e, now)...) })
+	healthy := l.Mode() == ModeHealthy
+	p := l.policy.load()
+	l.keys.each(func(e *entry) {
+		l.settleLater(l.leaser.drainExpired(e, now)...)
+		if healthy && e.debt.Load() != 0 {
+			// Decisions the store was too slow for, made while the breaker
+			// stayed closed: charge them now, as a recovery would.
+			l.settleLater(l.debtItems(e, p, now)...)
+		}
+	})
 	l.keys.sweepIdle(now, l.releaseEntry)
 	l.flushQueued()
+}
+
+// debtItems takes e's outage debt and returns the debit of its unpaid part.
+func (l *Limiter) debtItems(e *entry, p *policyState, now int64) []reconcile.Item {
+	if d := l.outage.unpaid(e, p, e.debt.Swap(0), now); d > 0 {
+		return []reconcile.Item{l.debitItem(p, e.key, d)}
+	}
+	return nil
 }
 
 // flushQueued sends the queue while healthy; while degraded or recovering
@@ -110,11 +127,7 @@ func (l *Limiter) startSettlement() (cancel func() []reconcile.Item) {
 	p := l.policy.load()
 	now := l.cfg.now()
 	var items []reconcile.Item
-	l.keys.each(func(e *entry) {
-		if d := l.outage.unpaid(e, p, e.debt.Swap(0), now); d > 0 {
-			items = append(items, l.debitItem(p, e.key, d))
-		}
-	})
+	l.keys.each(func(e *entry) { items = append(items, l.debtItems(e, p, now)...) })
 	items = append(items, l.queue.Take()...)
 	return l.settler.Start(items, func(rep reconcile.Report) {
 		l.account(len(items), rep)

@@ -46,6 +46,10 @@ type Stats struct {
 	// TokensHeld is what this process can still spend without asking the
 	// store: tokens in leases plus granted reservations not yet spendable.
 	TokensHeld int64
+	// BucketsLost counts buckets found missing before their TTL while this
+	// process used them (evicted by Redis, or deleted): each came back
+	// full. Non-zero means the Redis may evict leasehold's keys.
+	BucketsLost int64
 
 	bySource [numSources]SourceStats
 }
@@ -76,6 +80,7 @@ type counters struct {
 	leaseGrants    atomic.Int64 // Lease replies that granted tokens
 	modeChanges    atomic.Int64
 	policyChanges  atomic.Int64
+	bucketsLost    atomic.Int64
 }
 
 // Stats returns a snapshot of the counters. It takes no lock, but lease
@@ -98,6 +103,7 @@ func (l *Limiter) Stats() Stats {
 		PolicyChanges:  l.stats.policyChanges.Load(),
 		ClockOffset:    l.ClockOffset(),
 		FleetSize:      l.outage.size(),
+		BucketsLost:    l.stats.bucketsLost.Load(),
 	}
 	for i := range s.bySource {
 		s.bySource[i] = SourceStats{Admitted: l.stats.admitted[i].Load(), Rejected: l.stats.rejected[i].Load()}

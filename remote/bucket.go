@@ -137,13 +137,16 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now int64) 
 		Now:        time.UnixMicro(now),
 		Version:    st.version,
 		Stale:      stale,
+		Created:    !exists,
 	}
 }
 
 // ttl is how long a bucket key lives after a write: time to full plus a
 // margin, after which its absence means the same thing (a full bucket).
 func ttl(reset time.Duration) time.Duration {
-	return reset.Round(time.Millisecond) + ttlMargin
+	return reset.Round(time.Millisecond) + TTLMargin
 }
 
-const ttlMargin = time.Second
+// TTLMargin is how long a bucket key outlives its time to full: a bucket
+// missing well before then was removed by someone else.
+const TTLMargin = time.Second

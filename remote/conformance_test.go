@@ -191,7 +191,7 @@ var sequences = []struct {
 	}},
 	{"ttl is time to full plus margin", slow, []confStep{
 		{kind: lease, n: 2, wantGranted: 2, wantLeft: 1},
-		{kind: checkTTL, d: 400*ms + ttlMargin},
+		{kind: checkTTL, d: 400*ms + TTLMargin},
 	}},
 	{"a billion per second, burst 1e12", local.Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}, []confStep{
 		{kind: lease, n: 1e12, wantGranted: 1e12, wantLeft: -1},

@@ -1,10 +1,16 @@
 package remote
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
+	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -87,6 +93,42 @@ func CheckClient(c redis.UniversalClient) error {
 
 // Check runs CheckClient on the store's client.
 func (s *RedisStore) Check() error { return CheckClient(s.c) }
+
+// CheckEviction reports, as an error, a server whose maxmemory-policy may
+// evict leasehold's keys: an allkeys-* policy evicts buckets like any key,
+// and a volatile-* policy evicts them first, since every key leasehold
+// writes has a TTL. An evicted bucket comes back full, so the fleet admits
+// a fresh burst. It returns nil for noeviction, and when the server does
+// not allow CONFIG GET (managed services often rename it).
+func (s *RedisStore) CheckEviction(ctx context.Context) error {
+	check := func(ctx context.Context, c *redis.Client) error {
+		v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		if err != nil {
+			return nil
+		}
+		if p := v["maxmemory-policy"]; strings.HasPrefix(p, "allkeys-") || strings.HasPrefix(p, "volatile-") {
+			return fmt.Errorf("remote: %s has maxmemory-policy %s: Redis may evict buckets, which then come back full; use noeviction or a dedicated Redis", c.Options().Addr, p)
+		}
+		return nil
+	}
+	switch c := s.c.(type) {
+	case *redis.Client:
+		return check(ctx, c)
+	case *redis.ClusterClient:
+		var mu sync.Mutex
+		var first error
+		_ = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			if err := check(ctx, n); err != nil {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
+			}
+			return nil
+		})
+		return first
+	}
+	return nil
+}
 
 // Client returns the client the store runs on.
 func (s *RedisStore) Client() redis.UniversalClient { return s.c }
@@ -184,7 +226,7 @@ func scriptArgs(op Op, r *Request) (string, []any, error) {
 	}
 	key := BucketKey(r.Prefix, r.Policy, r.Key)
 	return key, []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version, int64(r.MaxDelay / time.Microsecond),
-		-maxDebt, ttlMargin.Milliseconds(), r.Need}, nil
+		-maxDebt, TTLMargin.Milliseconds(), r.Need}, nil
 }
 
 // classify wraps a Redis failure: foreign data in the key is
@@ -194,17 +236,41 @@ func classify(key string, err error) error {
 	if redis.HasErrorPrefix(err, "LEASEHOLD_CORRUPT") {
 		return fmt.Errorf("remote: key %q: %w: %w", key, ErrCorruptState, err)
 	}
+	if unreachable(err) {
+		return fmt.Errorf("remote: key %q: %w: %w: %w", key, ErrUnavailable, ErrUnreachable, err)
+	}
 	return fmt.Errorf("remote: key %q: %w: %w", key, ErrUnavailable, err)
+}
+
+// unreachable reports errors that say the server is down, not slow: a
+// refused, reset or closed connection, or a server that refuses to serve.
+// A timeout is not one of them: the store may only be slow.
+func unreachable(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, redis.ErrClosed) {
+		return true
+	}
+	for _, prefix := range []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "OOM", "READONLY", "TRYAGAIN"} {
+		if redis.HasErrorPrefix(err, prefix) {
+			return true
+		}
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && !ne.Timeout()
 }
 
 // parseReply reads the script's reply with checked conversions; every
 // script reply goes through it.
 func parseReply(key string, v any) (Result, error) {
 	vals, ok := v.([]any)
-	if !ok || len(vals) != 8 {
+	if !ok || len(vals) != 9 {
 		return Result{}, fmt.Errorf("remote: bucket %q: %w: reply %T of unexpected shape", key, ErrCorruptState, v)
 	}
-	var n [8]int64
+	var n [9]int64
 	for i, x := range vals {
 		switch x := x.(type) {
 		case int64:
@@ -231,6 +297,7 @@ func parseReply(key string, v any) (Result, error) {
 		Now:        time.UnixMicro(n[5]),
 		Version:    uint64(n[6]),
 		Stale:      n[7] == 1,
+		Created:    n[8] == 1,
 	}, nil
 }
 

@@ -20,7 +20,7 @@ import "github.com/redis/go-redis/v9"
 // ARGV[7]  version of the caller's policy
 // ARGV[8]  maxdelay: µs ahead a lease on an empty bucket may be future-dated
 // ARGV[9]  floor: the lowest level debt may take a bucket to (-maxDebt)
-// ARGV[10] margin: ms a key outlives its time to full (ttlMargin)
+// ARGV[10] margin: ms a key outlives its time to full (TTLMargin)
 // ARGV[11] need: fewest tokens that serve the caller, at most min
 //
 // A lease never refuses while need tokens are there: it grants n, or the
@@ -41,8 +41,8 @@ import "github.com/redis/go-redis/v9"
 // and applied under the bucket's own limit for returns and debits.
 //
 // Reply: {granted, delay_us, remaining, retry_us, reset_us, now_us,
-//
-//	version, stale}
+// version, stale, created}; created is 1 when the key did not exist (new,
+// expired, or evicted by the server).
 //
 // Errors: "LEASEHOLD_CORRUPT ..." when the key holds a foreign value or
 // another type (WRONGTYPE, caught with pcall so every server reports it the
@@ -102,7 +102,9 @@ local raw = redis.pcall('GET', KEYS[1])
 if type(raw) == 'table' and raw.err then
   return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
 end
+local created = 0
 if not raw then
+  created = 1
   s = {level = burst, carry = 0, last = now, version = version, burst = burst, rate = rate, per = per}
 else
   local level, carry, last, ver, sburst, srate, sper =
@@ -159,7 +161,7 @@ redis.call('SET', KEYS[1], string.format('%.0f %.0f %.0f %.0f %.0f %.0f %.0f',
   s.level, s.carry, s.last, s.version, s.burst, s.rate, s.per), 'PX', ttl)
 local remaining = s.level
 if remaining < 0 then remaining = 0 end
-return {granted, delay, remaining, retry, reset, now, s.version, stale}
+return {granted, delay, remaining, retry, reset, now, s.version, stale, created}
 `
 
 var bucketScript = redis.NewScript(bucketLua)

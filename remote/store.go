@@ -31,6 +31,11 @@ var (
 	// ErrUnavailable reports that the store could not be reached or did
 	// not answer in time.
 	ErrUnavailable = errors.New("remote: store unavailable")
+	// ErrUnreachable reports a store that is down rather than slow: the
+	// connection was refused, reset or closed, or the server said it
+	// cannot serve (LOADING, CLUSTERDOWN, MASTERDOWN, OOM). It always comes
+	// wrapped with ErrUnavailable; the breaker opens on the first one.
+	ErrUnreachable = errors.New("remote: store unreachable")
 	// ErrCorruptState reports a bucket key that holds something leasehold
 	// did not write (another type, or a foreign value).
 	ErrCorruptState = errors.New("remote: bucket state corrupt")
@@ -125,6 +130,10 @@ type Result struct {
 	// bucket's: a lease granted nothing, and the caller should adopt
 	// Version.
 	Stale bool
+	// Created reports that the bucket did not exist before the call: it
+	// is new, expired after its TTL, or was removed by someone else (for
+	// instance evicted by a Redis under memory pressure).
+	Created bool
 }
 
 // Reply is one answer of a Batch.

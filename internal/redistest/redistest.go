@@ -103,12 +103,13 @@ func Standalone(t testing.TB) *Server {
 	return shared
 }
 
-// NewServer starts a private server the test may pause, kill or restart;
-// it is stopped when the test ends.
-func NewServer(t testing.TB) *Server {
+// NewServer starts a private server the test may pause, kill or restart,
+// with extra redis-server arguments (such as "--maxmemory", "4mb"); it is
+// stopped when the test ends.
+func NewServer(t testing.TB, extra ...string) *Server {
 	t.Helper()
 	need(t)
-	s, err := start(nil)
+	s, err := start(extra)
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
@@ -284,10 +285,98 @@ func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	return cc
 }
 
-func startCluster() (*Cluster, error) {
+// NewCluster starts a private 3-master/3-replica cluster that the test may
+// kill nodes of, with the given cluster-node-timeout; it is stopped when
+// the test ends.
+func NewCluster(t testing.TB, nodeTimeout time.Duration) *Cluster {
+	t.Helper()
+	need(t)
+	c, err := startClusterWith(nodeTimeout)
+	if err != nil {
+		t.Fatalf("redistest: cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		for _, n := range c.Nodes {
+			n.stop()
+			_ = os.RemoveAll(n.dir)
+		}
+	})
+	return c
+}
+
+// MasterOf returns the node that serves key's slot now, as the cluster
+// itself reports it (asked through any live node).
+func (c *Cluster) MasterOf(ctx context.Context, key string) (*Server, error) {
+	for _, n := range c.Nodes {
+		cl := redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+		slot, err := cl.ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			cl.Close()
+			continue
+		}
+		shards, err := cl.ClusterShards(ctx).Result()
+		cl.Close()
+		if err != nil {
+			continue
+		}
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if int64(r.Start) > slot || slot > int64(r.End) {
+					continue
+				}
+				for _, nd := range sh.Nodes {
+					if nd.Role == "master" && nd.Health == "online" {
+						for _, s := range c.Nodes {
+							if strings.HasSuffix(s.Addr, ":"+strconv.FormatInt(nd.Port, 10)) {
+								return s, nil
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return nil, errors.New("redistest: no live node knows the key's master")
+}
+
+// FailoverOf asks a replica of key's master to take over (CLUSTER
+// FAILOVER, the graceful hand-over of a planned maintenance).
+func (c *Cluster) FailoverOf(ctx context.Context, key string) error {
+	master, err := c.MasterOf(ctx, key)
+	if err != nil {
+		return err
+	}
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr})
+	defer mc.Close()
+	id, err := mc.ClusterMyID(ctx).Result()
+	if err != nil {
+		return err
+	}
+	for _, n := range c.Nodes {
+		cl := redis.NewClient(&redis.Options{Addr: n.Addr})
+		info, err := cl.Do(ctx, "ROLE").Slice()
+		if err == nil && len(info) >= 3 && info[0] == "slave" {
+			if mid, err := cl.ClusterMyID(ctx).Result(); err == nil && mid != id {
+				nodes, _ := cl.ClusterNodes(ctx).Result()
+				if strings.Contains(nodes, "myself,slave "+id) {
+					err = cl.ClusterFailover(ctx).Err()
+					cl.Close()
+					return err
+				}
+			}
+		}
+		cl.Close()
+	}
+	return errors.New("redistest: no replica of the key's master")
+}
+
+func startCluster() (*Cluster, error) { return startClusterWith(2 * time.Second) }
+
+func startClusterWith(nodeTimeout time.Duration) (*Cluster, error) {
 	c := &Cluster{}
 	for i := 0; i < 6; i++ {
-		s, err := start([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"})
+		s, err := start([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10)})
 		if err != nil {
 			return nil, err
 		}
@@ -304,8 +393,10 @@ func startCluster() (*Cluster, error) {
 		cl := redis.NewClient(&redis.Options{Addr: n.Addr})
 		for {
 			info, err := cl.ClusterInfo(context.Background()).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_slots_ok:16384") {
-				break
+			repl, _ := cl.Info(context.Background(), "replication").Result()
+			synced := strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up")
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_slots_ok:16384") && synced {
+				break // replicas must have synced: one that never did cannot take over
 			}
 			if time.Now().After(deadline) {
 				cl.Close()

@@ -1,0 +1,384 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/leasehold/leasehold/remote"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// The tests below are the production faults of RELIABILITY.md, each on
+// real redis-server processes the test starts. Each logs the figure the
+// document quotes.
+
+// tally counts a fleet's decisions in a window of real time.
+type tally struct {
+	offered, admitted, errors atomic.Int64
+	mu                        sync.Mutex
+	took                      []time.Duration
+}
+
+func (c *tally) record(d Decision, err error, took time.Duration) {
+	c.offered.Add(1)
+	switch {
+	case err != nil:
+		c.errors.Add(1)
+	case d.Allowed:
+		c.admitted.Add(1)
+	}
+	c.mu.Lock()
+	c.took = append(c.took, took)
+	c.mu.Unlock()
+}
+
+func (c *tally) refusedPct() float64 {
+	return 100 * float64(c.offered.Load()-c.admitted.Load()) / float64(max(c.offered.Load(), 1))
+}
+
+// quantile returns the q-quantile of decision latencies.
+func (c *tally) quantile(q float64) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.took) == 0 {
+		return 0
+	}
+	s := slices.Clone(c.took)
+	slices.Sort(s)
+	return s[min(int(q*float64(len(s))), len(s)-1)]
+}
+
+// windows runs lims at perLimiter decisions per second on key until ctx
+// ends; pick says which tally (if any) a decision made at a given time
+// since the start belongs to.
+func windows(ctx context.Context, lims []*Limiter, perLimiter float64, key string, pick func(since time.Duration) *tally) *sync.WaitGroup {
+	start := time.Now()
+	return paced(ctx, lims, 4, perLimiter/4, key, func(at time.Time, d Decision, err error, took time.Duration) {
+		if c := pick(at.Sub(start)); c != nil {
+			c.record(d, err, took)
+		}
+	})
+}
+
+func allHealthy(lims []*Limiter) bool {
+	for _, l := range lims {
+		if l.Mode() != ModeHealthy {
+			return false
+		}
+	}
+	return true
+}
+
+// TestClusterFailover: a 3-master/3-replica cluster under load at half the
+// limit loses the master of the key (kill -9), or hands it over (CLUSTER
+// FAILOVER). With a default ClusterClient the limiters are healthy again
+// within 2 s of the promotion: connection errors make the store reload the
+// slot map, and probes reach the promoted replica.
+func TestClusterFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two clusters")
+	}
+	for _, how := range []string{"kill", "failover"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			c := redistest.NewCluster(t, time.Second)
+			key := "failover:" + how
+			lims := newFleet(t, 4, Policy{Name: "failover", Limit: PerSecond(2000)},
+				func(t *testing.T) redis.UniversalClient { return c.Client(t) })
+			var all tally
+			ctx, cancel := context.WithCancel(context.Background())
+			done := windows(ctx, lims, 250, key, func(time.Duration) *tally { return &all })
+			defer func() { cancel(); done.Wait() }()
+			time.Sleep(time.Second) // load before the fault
+			bg := context.Background()
+			master, err := c.MasterOf(bg, key)
+			require.NoError(t, err)
+			if how == "kill" {
+				require.NoError(t, master.Kill())
+			} else {
+				require.NoError(t, c.FailoverOf(bg, key))
+			}
+			cut := time.Now()
+			var promoted time.Time
+			eventually(t, "a replica to take the key's slot", func() bool {
+				m, err := c.MasterOf(bg, key)
+				if err == nil && m != master {
+					promoted = time.Now()
+					return true
+				}
+				return false
+			})
+			eventually(t, "every limiter healthy", func() bool { return allHealthy(lims) })
+			healthy := time.Since(promoted)
+			t.Logf("%s: promoted %v after the fault; every limiter healthy %v after the promotion; %d decisions, %.2f%% refused, %d errors",
+				how, promoted.Sub(cut).Round(time.Millisecond), healthy.Round(time.Millisecond), all.offered.Load(), all.refusedPct(), all.errors.Load())
+			if healthy > 2*time.Second {
+				t.Fatalf("limiters healthy %v after the promotion, want ≤ 2s", healthy)
+			}
+			if all.errors.Load() != 0 {
+				t.Fatalf("%d decisions returned errors", all.errors.Load())
+			}
+		})
+	}
+}
+
+// TestSlowRedisIsNotRefused: Redis pauses 300 ms every 600 ms, below the
+// breaker's latency threshold, with demand at half the limit. Decisions the
+// store is too slow for are made by the degraded share and charged later:
+// at most 1% are refused, none waits past the store timeout by much.
+func TestSlowRedisIsNotRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("4 s of pauses")
+	}
+	t.Parallel()
+	srv := redistest.NewServer(t)
+	lims := newFleet(t, 4, Policy{Name: "slow", Limit: PerSecond(2000)}, dial(srv),
+		WithHeartbeat(100*time.Millisecond, 300*time.Millisecond))
+	eventually(t, "heartbeats to count 4", func() bool { return lims[0].FleetSize() == 4 })
+	var during tally
+	ctx, cancel := context.WithCancel(context.Background())
+	done := windows(ctx, lims, 250, "slow", func(since time.Duration) *tally {
+		if since >= time.Second {
+			return &during
+		}
+		return nil
+	})
+	time.Sleep(time.Second)
+	for i := 0; i < 7; i++ { // 300 ms paused, 300 ms running: 4.2 s
+		require.NoError(t, srv.Pause())
+		time.Sleep(300 * time.Millisecond)
+		require.NoError(t, srv.Resume())
+		time.Sleep(300 * time.Millisecond)
+	}
+	cancel()
+	done.Wait()
+	s := fleetStats(lims)
+	t.Logf("pauses of 300 ms every 600 ms at half the limit: %d decisions, %.2f%% refused, p99 %v, slowest %v, %d errors; mode changes %d",
+		during.offered.Load(), during.refusedPct(), during.quantile(0.99), during.quantile(1), during.errors.Load(), s.ModeChanges)
+	if during.refusedPct() > 1 {
+		t.Fatalf("%.2f%% refused under the limit while Redis paused, want ≤ 1%%", during.refusedPct())
+	}
+	if during.errors.Load() != 0 {
+		t.Fatalf("%d errors", during.errors.Load())
+	}
+}
+
+// TestCrashDetectedAtOnce: kill -9 of Redis under load at half the limit.
+// The first connection errors open the breaker; in the first second at
+// least 80% of decisions are admitted, none slower than the store timeout
+// plus 10 ms.
+func TestCrashDetectedAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real crash")
+	}
+	srv := redistest.NewServer(t)
+	const storeTimeout = 50 * time.Millisecond
+	lims := newFleet(t, 4, Policy{Name: "crash", Limit: PerSecond(2000)}, dial(srv),
+		WithStoreTimeout(storeTimeout), WithHeartbeat(100*time.Millisecond, 300*time.Millisecond))
+	eventually(t, "heartbeats to count 4", func() bool { return lims[0].FleetSize() == 4 })
+	var first tally
+	var killedAt atomic.Int64 // ns since start; 0 until the kill
+	ctx, cancel := context.WithCancel(context.Background())
+	done := windows(ctx, lims, 250, "crash", func(since time.Duration) *tally {
+		if k := killedAt.Load(); k != 0 && since >= time.Duration(k) && since < time.Duration(k)+time.Second {
+			return &first
+		}
+		return nil
+	})
+	start := time.Now()
+	time.Sleep(time.Second)
+	require.NoError(t, srv.Kill())
+	killedAt.Store(int64(time.Since(start)))
+	time.Sleep(1100 * time.Millisecond)
+	cancel()
+	done.Wait()
+	for _, l := range lims {
+		if l.Mode() != ModeDegraded {
+			t.Fatalf("limiter %v 1 s after the crash, want degraded", l.Mode())
+		}
+	}
+	admittedPct := 100 - first.refusedPct()
+	t.Logf("first second after kill -9 at half the limit: %d decisions, %.1f%% admitted, p99 %v, slowest %v, %d errors",
+		first.offered.Load(), admittedPct, first.quantile(0.99), first.quantile(1), first.errors.Load())
+	if admittedPct < 80 {
+		t.Fatalf("%.1f%% admitted under the limit in the first second after the crash, want ≥ 80%%", admittedPct)
+	}
+	if slowest := first.quantile(1); slowest > storeTimeout+10*time.Millisecond {
+		t.Fatalf("slowest decision %v, want ≤ store timeout + 10 ms", slowest)
+	}
+}
+
+// modeCounter counts a limiter's mode-change log records by target mode.
+type modeCounter struct {
+	mu sync.Mutex
+	to map[string]int
+}
+
+func (h *modeCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (h *modeCounter) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h *modeCounter) WithGroup(string) slog.Handler           { return h }
+func (h *modeCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "leasehold: mode change" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "to" {
+			h.mu.Lock()
+			h.to[a.Value.String()]++
+			h.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+
+func (h *modeCounter) count(mode string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.to[mode]
+}
+
+// TestOOMDoesNotFlap: Redis out of memory with noeviction refuses writes
+// (OOM) but still answers reads, for 4 s. Each limiter goes degraded once and comes
+// back once after memory is freed: reads (the policy poll) never count as
+// probes that close the breaker.
+func TestOOMDoesNotFlap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("4 s of OOM")
+	}
+	t.Parallel()
+	srv := redistest.NewServer(t, "--maxmemory-policy", "noeviction")
+	c := srv.Client(t)
+	counters := make([]*modeCounter, 2)
+	lims := make([]*Limiter, 2)
+	for i := range lims {
+		counters[i] = &modeCounter{to: map[string]int{}}
+		lims[i] = newFleet(t, 1, Policy{Name: "oom", Limit: PerSecond(1000)}, dial(srv),
+			WithLogger(slog.New(counters[i])), WithPolicyPoll(50*time.Millisecond))[0]
+	}
+	var all tally
+	ctx, cancel := context.WithCancel(context.Background())
+	done := windows(ctx, lims, 200, "oom", func(time.Duration) *tally { return &all })
+	time.Sleep(500 * time.Millisecond)
+	// Memory full: a maxmemory below what the server already uses makes
+	// every write fail with OOM while reads still work, as a full Redis
+	// with noeviction does (filling it with data is fragile: freed client
+	// buffers let small writes through again).
+	require.NoError(t, c.ConfigSet(context.Background(), "maxmemory", "1").Err())
+	require.ErrorContains(t, c.Set(context.Background(), "probe", "x", 0).Err(), "OOM")
+	time.Sleep(4 * time.Second)
+	require.NoError(t, c.ConfigSet(context.Background(), "maxmemory", "0").Err())
+	eventually(t, "recovery after memory is freed", func() bool { return allHealthy(lims) })
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	done.Wait()
+	for i, mc := range counters {
+		t.Logf("limiter %d: %d changes to degraded, %d to recovering, %d to healthy", i, mc.count("degraded"), mc.count("recovering"), mc.count("healthy"))
+		if mc.count("degraded") != 1 || mc.count("healthy") != 1 {
+			t.Fatalf("limiter %d flapped: to degraded %d times, to healthy %d times; want once each", i, mc.count("degraded"), mc.count("healthy"))
+		}
+	}
+	if all.errors.Load() != 0 {
+		t.Fatalf("%d errors", all.errors.Load())
+	}
+}
+
+// TestEvictionPolicyWarning: New warns when Redis may evict buckets
+// (allkeys-* or volatile-* maxmemory-policy) and stays quiet on
+// noeviction. A bucket deleted while in use is counted and logged once.
+func TestEvictionPolicyWarning(t *testing.T) {
+	if testing.Short() {
+		t.Skip("private servers")
+	}
+	t.Parallel()
+	for _, tc := range []struct {
+		policy string
+		warn   int
+	}{{"allkeys-lru", 1}, {"volatile-lru", 1}, {"noeviction", 0}} {
+		srv := redistest.NewServer(t, "--maxmemory-policy", tc.policy)
+		logs := &logCounter{want: "may evict"}
+		l, err := New(remote.NewRedis(srv.Client(t)), Policy{Name: "evict", Limit: PerSecond(100)}, WithLogger(slog.New(logs)))
+		require.NoError(t, err)
+		if tc.warn > 0 {
+			eventually(t, "the eviction warning", func() bool { return logs.count() == tc.warn })
+		} else {
+			l.Allow(context.Background(), "k") // a store round trip after the check
+			time.Sleep(100 * time.Millisecond)  // the check runs in the background; give it time to (not) log
+			if logs.count() != 0 {
+				t.Fatalf("%s: warned %d times, want none", tc.policy, logs.count())
+			}
+		}
+		require.NoError(t, l.Close(context.Background()))
+	}
+}
+
+// TestVanishedBucketCounted: a bucket removed while a limiter uses it (as
+// eviction would) comes back full; the limiter counts it and logs once.
+func TestVanishedBucketCounted(t *testing.T) {
+	t.Parallel()
+	srv := redistest.NewServer(t)
+	c := srv.Client(t)
+	logs := &logCounter{want: "vanished"}
+	p := Policy{Name: "vanish", Limit: Limit{Rate: 1, Period: time.Hour, Burst: 100}}
+	l, err := New(remote.NewRedis(srv.Client(t)), p, WithLogger(slog.New(logs)), WithMaxLeaseFraction(0.05))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	for round := 0; round < 3; round++ {
+		for i := 0; i < 5; i++ {
+			l.Allow(ctx, "k")
+		}
+		require.NoError(t, c.Del(ctx, remote.BucketKey("", p.Name, "k")).Err())
+	}
+	for i := 0; i < 10; i++ {
+		l.Allow(ctx, "k")
+	}
+	if got := l.Stats().BucketsLost; got < 2 {
+		t.Fatalf("Stats.BucketsLost = %d after the bucket was deleted 3 times in use, want ≥ 2", got)
+	}
+	if logs.count() != 1 {
+		t.Fatalf("vanished bucket logged %d times, want once", logs.count())
+	}
+}
+
+// TestScriptFlushAndClobberedBucket: after SCRIPT FLUSH decisions go on
+// (go-redis falls back to EVAL); a bucket key overwritten by someone else
+// is ErrCorruptState, and a flood of decisions on it costs about one script
+// call per lease TTL, not one per decision.
+func TestScriptFlushAndClobberedBucket(t *testing.T) {
+	t.Parallel()
+	srv := redistest.NewServer(t)
+	c := srv.Client(t)
+	p := Policy{Name: "flush", Limit: PerSecond(1000)}
+	l := newFleet(t, 1, p, dial(srv), WithMaxLeaseFraction(0.001))[0]
+	ctx := context.Background()
+	for i := 0; i < 20; i++ {
+		if i == 10 {
+			require.NoError(t, c.ScriptFlush(ctx).Err())
+		}
+		d, err := l.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "decision %d after SCRIPT FLUSH refused", i)
+	}
+	require.NoError(t, c.Set(ctx, remote.BucketKey("", p.Name, "clobbered"), "someone else's", 0).Err())
+	before := scriptCalls(t, c)
+	for i := 0; i < 200; i++ {
+		d, err := l.AllowN(ctx, "clobbered", 1)
+		if !errors.Is(err, remote.ErrCorruptState) || d.Allowed {
+			t.Fatalf("decision %d on a clobbered bucket = %+v, %v; want refused with ErrCorruptState", i, d, err)
+		}
+	}
+	calls := scriptCalls(t, c) - before
+	t.Logf("200 decisions on a clobbered bucket cost %d script calls", calls)
+	if calls > 2 {
+		t.Fatalf("200 decisions on a clobbered bucket cost %d script calls, want ≤ 2", calls)
+	}
+}
