@@ -162,7 +162,7 @@ func TestFleetPassThrough(t *testing.T) {
 func TestOpenPeriodFollowsTheClock(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewManual(time.Unix(0, 0))
-	f := &fake{Store: remote.NewMemory(clk)}
+	f := &downMemory{MemoryStore: remote.NewMemory(clk)}
 	s := NewStore(f, Settings{Clock: clk, Breaker: gobreaker.Settings{Timeout: time.Second}})
 	f.down.Store(true)
 	for i := 0; i < 3; i++ {
@@ -213,4 +213,71 @@ func TestOnStateChangeMayCallBack(t *testing.T) {
 	if len(seen) == 0 || seen[0] != gobreaker.StateOpen {
 		t.Fatalf("callback saw %v, want open first", seen)
 	}
+}
+
+// unreachable fails with remote.ErrUnreachable (a refused connection)
+// while down.
+type unreachable struct {
+	remote.Store
+	down atomic.Bool
+}
+
+func (u *unreachable) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if u.down.Load() {
+		return remote.Result{}, errors.Join(remote.ErrUnavailable, remote.ErrUnreachable)
+	}
+	return u.Store.Lease(ctx, r)
+}
+
+// TestOpensOnFirstUnreachable: a refused or dropped connection means the
+// store is down, not slow: one such failure opens the breaker.
+func TestOpensOnFirstUnreachable(t *testing.T) {
+	t.Parallel()
+	u := &unreachable{Store: remote.NewMemory(clock.Real())}
+	s := NewStore(u, Settings{})
+	u.down.Store(true)
+	_, _ = s.Lease(context.Background(), req)
+	if got := s.State(); got != gobreaker.StateOpen {
+		t.Fatalf("after one unreachable failure state = %v, want open", got)
+	}
+}
+
+// TestReadsDoNotProbe: while the breaker is not closed, policy reads are
+// refused without a call, so a store that answers reads but fails writes
+// (Redis out of memory) cannot close the breaker through them.
+func TestReadsDoNotProbe(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(time.Unix(0, 0))
+	f := &downMemory{MemoryStore: remote.NewMemory(clk)}
+	s := NewStore(f, Settings{Clock: clk, Breaker: gobreaker.Settings{Timeout: time.Second}})
+	f.down.Store(true)
+	for i := 0; i < 3; i++ {
+		_, _ = s.Lease(context.Background(), req)
+	}
+	clk.Advance(time.Second)
+	if got := s.State(); got != gobreaker.StateHalfOpen {
+		t.Fatalf("state = %v, want half-open", got)
+	}
+	for i := 0; i < 5; i++ {
+		if _, _, err := s.GetPolicy(context.Background(), "", "p"); !errors.Is(err, ErrOpen) {
+			t.Fatalf("GetPolicy on a half-open breaker: %v, want ErrOpen", err)
+		}
+	}
+	if got := s.State(); got != gobreaker.StateHalfOpen {
+		t.Fatalf("state after reads = %v, want still half-open", got)
+	}
+}
+
+// downMemory is a MemoryStore (policies included) whose leases fail while
+// down, as writes do on a Redis out of memory.
+type downMemory struct {
+	*remote.MemoryStore
+	down atomic.Bool
+}
+
+func (d *downMemory) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if d.down.Load() {
+		return remote.Result{}, remote.ErrUnavailable
+	}
+	return d.MemoryStore.Lease(ctx, r)
 }

@@ -158,6 +158,11 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, rou
 		e.misses.Add(n)
 		return l.reject(e, p, SourceLease, time.Duration(until-now), now), true, nil
 	}
+	if since := e.callSince.Load(); since != 0 && now-(since-1) > int64(l.cfg.storeTimeout) {
+		// The key's store call has been out longer than a decision may
+		// wait: joining it would only wait out the store timeout again.
+		return l.outage.decide(e, p, n, now), true, nil
+	}
 	if wait, err := e.corruption(now); err != nil {
 		l.stats.rejected[SourceRemote].Add(1)
 		return Decision{Limit: p.Limit, RetryAfter: wait, Source: SourceRemote}, true, err

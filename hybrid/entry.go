@@ -31,6 +31,7 @@ type entry struct {
 	misses       atomic.Int64 // tokens asked for on the slow path
 	debt         atomic.Int64 // tokens admitted in degraded mode, not yet charged
 	waiting      atomic.Int64 // tokens wanted by callers waiting on a store call
+	callSince    atomic.Int64 // mono ns + 1 when the store call in flight began; 0: none
 
 	key string
 
@@ -41,6 +42,10 @@ type entry struct {
 		degraded *local.Bucket
 		share    local.Limit // the limit degraded was built for
 		corrupt  error       // the store's last ErrCorruptState for the key
+		// charged is the share deficit the last settlement charged, at
+		// chargedAt (mono ns); see outage.unpaid.
+		charged   int64
+		chargedAt int64
 	}
 	corruptUntil atomic.Int64 // mono ns: repeat mu.corrupt until then
 
@@ -108,6 +113,15 @@ func (e *entry) setCorrupt(err error, until int64) {
 	e.mu.corrupt = err
 	e.mu.Unlock()
 	e.corruptUntil.Store(until)
+}
+
+// refund puts n tokens of a debit the store did not take back into the
+// outage debt, and out of what the share counts as charged.
+func (e *entry) refund(n int64) {
+	e.mu.Lock()
+	e.mu.charged = max(e.mu.charged-n, 0)
+	e.mu.Unlock()
+	e.debt.Add(n)
 }
 
 // consumed is the tokens spent from the lease so far: every token that

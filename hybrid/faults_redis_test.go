@@ -223,8 +223,8 @@ type modeCounter struct {
 }
 
 func (h *modeCounter) Enabled(context.Context, slog.Level) bool { return true }
-func (h *modeCounter) WithAttrs([]slog.Attr) slog.Handler      { return h }
-func (h *modeCounter) WithGroup(string) slog.Handler           { return h }
+func (h *modeCounter) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *modeCounter) WithGroup(string) slog.Handler            { return h }
 func (h *modeCounter) Handle(_ context.Context, r slog.Record) error {
 	if r.Message != "leasehold: mode change" {
 		return nil
@@ -311,7 +311,7 @@ func TestEvictionPolicyWarning(t *testing.T) {
 			eventually(t, "the eviction warning", func() bool { return logs.count() == tc.warn })
 		} else {
 			l.Allow(context.Background(), "k") // a store round trip after the check
-			time.Sleep(100 * time.Millisecond)  // the check runs in the background; give it time to (not) log
+			time.Sleep(100 * time.Millisecond) // the check runs in the background; give it time to (not) log
 			if logs.count() != 0 {
 				t.Fatalf("%s: warned %d times, want none", tc.policy, logs.count())
 			}

@@ -137,7 +137,9 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	// it; the refill timeout bounds it.
 	cctx, cancel := context.WithTimeout(ls.bg.ctx, ls.cfg.refillTimeout)
 	defer cancel()
+	e.callSince.Store(start + 1)
 	res, err := ls.store.Lease(cctx, req)
+	e.callSince.Store(0)
 	if errors.Is(err, breaker.ErrOpen) {
 		return fetchOutcome{}, err // refused by the breaker: no call was made
 	}

@@ -181,11 +181,19 @@ func (o *outage) unpaid(e *entry, p *policyState, admitted, now int64) int64 {
 		return 0
 	}
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	b := e.mu.degraded
-	e.mu.Unlock()
 	if b == nil {
 		return min(admitted, p.Limit.Burst)
 	}
-	used := b.Limit().Burst - b.Tokens(now)
-	return min(admitted, used)
+	// The share's deficit still includes what an earlier settlement
+	// charged, until the share's refill has covered it: charge only the
+	// rest, or a second settlement soon after the first counts it twice.
+	lim := b.Limit()
+	covered := lim.TokensIn(time.Duration(now - e.mu.chargedAt))
+	outstanding := max(e.mu.charged-covered, 0)
+	used := lim.Burst - b.Tokens(now)
+	d := max(min(admitted, used-outstanding), 0)
+	e.mu.charged, e.mu.chargedAt = outstanding+d, now
+	return d
 }

@@ -43,13 +43,15 @@ func (l *Limiter) debitItem(p *policyState, key string, n int64) reconcile.Item 
 func (l *Limiter) sweep() {
 	l.checkMode()
 	now := l.cfg.now()
-	healthy := l.Mode() == ModeHealthy
+	// Decisions the store was too slow for, made while the breaker stayed
+	// closed, are charged as a recovery would charge them, once the store
+	// answers again (charged earlier, in an outage not yet detected, their
+	// unpaid part would be counted twice).
+	settleDebt := l.Mode() == ModeHealthy && now-l.leaser.lastOK.Load() < int64(l.cfg.sweepInterval)
 	p := l.policy.load()
 	l.keys.each(func(e *entry) {
 		l.settleLater(l.leaser.drainExpired(e, now)...)
-		if healthy && e.debt.Load() != 0 {
-			// Decisions the store was too slow for, made while the breaker
-			// stayed closed: charge them now, as a recovery would.
+		if settleDebt && e.debt.Load() != 0 {
 			l.settleLater(l.debtItems(e, p, now)...)
 		}
 	})
@@ -77,7 +79,7 @@ func (l *Limiter) flushQueued() {
 	}
 	ctx, cancel := context.WithTimeout(l.bg.ctx, l.cfg.refillTimeout)
 	defer cancel()
-	l.queue.Requeue(l.send(ctx, items).Failed)
+	l.requeue(l.send(ctx, items).Failed)
 }
 
 // sendNow settles items at once (Close).
@@ -97,6 +99,22 @@ func (l *Limiter) send(ctx context.Context, items []reconcile.Item) reconcile.Re
 	rep := reconcile.Send(ctx, l.store, items, 0)
 	l.account(len(items), rep)
 	return rep
+}
+
+// requeue keeps what the store could not take. A debit goes back into its
+// key's outage debt, so that the next settlement computes the unpaid part
+// afresh (the time the store was away pays for some of it); anything else,
+// or a debit whose key was forgotten, waits in the queue.
+func (l *Limiter) requeue(failed []reconcile.Item) {
+	var rest []reconcile.Item
+	for _, it := range failed {
+		if e := l.keys.load(it.Req.Key); it.Op == remote.OpDebit && e != nil {
+			e.refund(it.Req.N)
+			continue
+		}
+		rest = append(rest, it)
+	}
+	l.queue.Requeue(rest)
 }
 
 func (l *Limiter) account(n int, rep reconcile.Report) {
@@ -131,7 +149,7 @@ func (l *Limiter) startSettlement() (cancel func() []reconcile.Item) {
 	items = append(items, l.queue.Take()...)
 	return l.settler.Start(items, func(rep reconcile.Report) {
 		l.account(len(items), rep)
-		l.queue.Requeue(rep.Failed)
+		l.requeue(rep.Failed)
 		l.logMode(l.modes.settled())
 	})
 }
