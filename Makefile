@@ -10,7 +10,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # out of leasehold's go.mod.
 MODULES = benchmarks internal/faulttest sim
 
-.PHONY: test redis lint bench sim fuzz
+.PHONY: test redis lint bench sim fuzz soak
 
 test: redis lint
 	$(GO) test -race -count=1 -timeout 12m ./...
@@ -48,3 +48,10 @@ sim:
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzBucketTakeAt -fuzztime 30s ./local/
+	$(GO) test -run '^$$' -fuzz FuzzBucketKey -fuzztime 30s ./remote/
+	$(GO) test -run '^$$' -fuzz FuzzLimitValidate -fuzztime 30s ./remote/
+
+# The random-fault soak of RELIABILITY.md for 10 minutes (make test runs it
+# for 15 s).
+soak: redis
+	LEASEHOLD_SOAK_DURATION=10m $(GO) test -race -count=1 -timeout 15m -run '^TestSoak$$' -v ./hybrid/
