@@ -158,6 +158,9 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, rou
 		e.misses.Add(n)
 		return l.reject(e, p, SourceLease, time.Duration(until-now), now), true, nil
 	}
+	if l.outage.held(now) {
+		return l.outage.decide(e, p, n, now), true, nil
+	}
 	if since := e.callSince.Load(); since != 0 && now-(since-1) > int64(l.cfg.storeTimeout) {
 		// The key's store call has been out longer than a decision may
 		// wait: joining it would only wait out the store timeout again.

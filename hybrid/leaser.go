@@ -28,9 +28,12 @@ type leaser struct {
 	stats  *counters
 	// giveBack settles tokens the leaser holds but cannot deposit.
 	giveBack func(items ...reconcile.Item)
-	flights  singleflight.Group // keyed by user key only
-	offset   clock.Offset
-	lastOK   atomic.Int64 // mono ns of the last successful store reply
+	// held reports that decisions stay on the degraded share after an
+	// outage (outage.held): no refills then.
+	held    func() bool
+	flights singleflight.Group // keyed by user key only
+	offset  clock.Offset
+	lastOK  atomic.Int64 // mono ns of the last successful store reply
 	// lostLogged is set once a vanished bucket has been logged.
 	lostLogged atomic.Bool
 }
@@ -65,7 +68,7 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now int64) int
 // refillAsync starts a background refill of e unless one is running or a
 // reservation is on its way. It runs about once per batch, not per request.
 func (ls *leaser) refillAsync(e *entry) {
-	if e.pendingUntil.Load() != 0 || !e.refilling.CompareAndSwap(false, true) {
+	if e.pendingUntil.Load() != 0 || e.refilling.Load() || ls.held() || !e.refilling.CompareAndSwap(false, true) {
 		return
 	}
 	if ls.bg.after(0, func() {

@@ -73,7 +73,8 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	l.policy.adopted = l.adopted
 	l.outage = newOutage(&l.cfg, &l.stats, bs, fmt.Sprintf("%016x", rng.uint64()))
 	l.modes = newModeTracker(bs)
-	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, giveBack: l.settleLater}
+	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, giveBack: l.settleLater,
+		held: func() bool { return l.outage.held(l.cfg.now()) }}
 	l.start()
 	return l, nil
 }
@@ -181,9 +182,17 @@ func (l *Limiter) adopted(next *policyState) {
 func (l *Limiter) pollPolicy() { l.policy.poll(l.bg.ctx) }
 
 // Mode reports the limiter's relation to the store: ModeDegraded while the
-// breaker is open, ModeRecovering while outage accounts are settled,
-// ModeHealthy otherwise.
-func (l *Limiter) Mode() Mode { return l.modes.mode() }
+// breaker is open; ModeRecovering while outage accounts are settled, and
+// while decisions stay on the degraded share because processes counted
+// before the outage have not come back (see WithRecoveryHold); ModeHealthy
+// otherwise.
+func (l *Limiter) Mode() Mode {
+	m := l.modes.mode()
+	if m == ModeHealthy && l.outage.held(l.cfg.now()) {
+		return ModeRecovering
+	}
+	return m
+}
 
 // FleetSize returns N, the number of processes this limiter assumes share
 // its policy: WithFleetSize if set, else the last heartbeat count, else 1.
@@ -201,7 +210,7 @@ func (l *Limiter) ClockOffset() time.Duration {
 // heartbeat announces this limiter in the fleet set while the store is
 // reachable (every heartbeat interval).
 func (l *Limiter) heartbeat() {
-	if l.Mode() == ModeDegraded {
+	if l.modes.mode() == ModeDegraded {
 		return // the breaker is open: do not add to the store's load
 	}
 	if l.outage.heartbeat(l.bg.ctx, l.policy.load().Name) {

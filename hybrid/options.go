@@ -37,6 +37,7 @@ type config struct {
 	policyPoll    time.Duration
 	seed          uint64
 	seeded        bool
+	recoveryHold  time.Duration
 	epoch         time.Time // process clock origin of every mono ns value; set by New
 }
 
@@ -57,6 +58,7 @@ func buildConfig(opts []Option) (config, error) {
 		logger:       slog.Default(),
 		hbInterval:   time.Second,
 		policyPoll:   time.Second,
+		recoveryHold: 5 * time.Second,
 	}
 	for _, o := range opts {
 		o.apply(&c)
@@ -96,6 +98,7 @@ func (c *config) validate() error {
 		{c.policyPoll <= 0, fmt.Sprintf("policy poll interval %v must be positive", c.policyPoll)},
 		{c.hbInterval <= 0, fmt.Sprintf("heartbeat interval %v must be positive", c.hbInterval)},
 		{c.hbExpiry < c.hbInterval, fmt.Sprintf("heartbeat expiry %v below interval %v", c.hbExpiry, c.hbInterval)},
+		{c.recoveryHold < 0, fmt.Sprintf("recovery hold %v must not be negative", c.recoveryHold)},
 		{c.maxDelay < 0 || c.maxDelay >= c.leaseTTL, fmt.Sprintf("max reservation %v must be in [0, lease TTL %v)", c.maxDelay, c.leaseTTL)},
 	}
 	for _, ch := range checks {
@@ -186,4 +189,15 @@ func WithPolicyPoll(d time.Duration) Option {
 // is random.
 func WithSeed(seed uint64) Option {
 	return optionFunc(func(c *config) { c.seed, c.seeded = seed, true })
+}
+
+// WithRecoveryHold bounds how long a process whose store came back keeps
+// deciding by its degraded share while processes that heartbeats counted
+// before the outage have not come back. Those may be cut off from the store
+// and still spending their shares: drawing the whole bucket meanwhile would
+// let the fleet admit the limit plus their shares. A peer that died during
+// the outage costs this process at most this long at its share. 0 turns
+// the hold off. It needs heartbeats (no WithFleetSize). The default is 5 s.
+func WithRecoveryHold(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.recoveryHold = d })
 }

@@ -22,6 +22,41 @@ type outage struct {
 	fleet remote.Fleet // through the breaker; nil when the store cannot count
 	id    string       // this limiter's member name in the fleet set
 	count atomic.Int64 // live fleet size from heartbeats; 0 = unknown
+	// before is the fleet size heartbeats counted when the last outage
+	// began; holdUntil (mono ns + 1, 0 = no hold) ends the recovery hold.
+	before    atomic.Int64
+	holdUntil atomic.Int64
+}
+
+// began records the fleet size as an outage begins.
+func (o *outage) began() {
+	if o.fleet != nil {
+		o.before.Store(o.count.Load())
+	}
+}
+
+// ended starts the recovery hold: this process is back, but others of the
+// fleet may still be cut off and spending their degraded shares. Until
+// heartbeats count the fleet it knew before the outage (or the hold
+// expires, for peers that died meanwhile), its decisions stay on its own
+// share, so that the fleet as a whole stays within the limit.
+func (o *outage) ended(now int64) {
+	if o.fleet != nil && o.before.Load() > 1 && o.cfg.recoveryHold > 0 {
+		o.holdUntil.Store(now + int64(o.cfg.recoveryHold) + 1)
+	}
+}
+
+// held reports whether the recovery hold is on at now.
+func (o *outage) held(now int64) bool {
+	until := o.holdUntil.Load()
+	if until == 0 {
+		return false
+	}
+	if now >= until-1 {
+		o.holdUntil.CompareAndSwap(until, 0)
+		return false
+	}
+	return true
 }
 
 func newOutage(cfg *config, stats *counters, store *breaker.Store, id string) *outage {
@@ -136,12 +171,19 @@ func ceilMulDiv(a, b, c int64) (int64, bool) {
 }
 
 // size is N for degraded-mode shares: the configured size, else the last
-// size heartbeats reported, else 1.
+// size heartbeats reported (during a recovery hold, at least the size
+// before the outage), else 1.
 func (o *outage) size() int {
 	if o.cfg.fleetSize > 0 {
 		return o.cfg.fleetSize
 	}
-	return max(int(o.count.Load()), 1)
+	n := o.count.Load()
+	if o.holdUntil.Load() != 0 {
+		// Recovering while peers may still be cut off: they are not
+		// heartbeating, but they are spending their shares.
+		n = max(n, o.before.Load())
+	}
+	return max(int(n), 1)
 }
 
 // heartbeat announces this limiter in the policy's fleet set and keeps
@@ -158,6 +200,9 @@ func (o *outage) heartbeat(ctx context.Context, policy string) bool {
 		return false
 	}
 	o.count.Store(int64(n))
+	if int64(n) >= o.before.Load() {
+		o.holdUntil.Store(0) // everyone counted before the outage is back
+	}
 	return true
 }
 

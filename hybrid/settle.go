@@ -47,7 +47,7 @@ func (l *Limiter) sweep() {
 	// closed, are charged as a recovery would charge them, once the store
 	// answers again (charged earlier, in an outage not yet detected, their
 	// unpaid part would be counted twice).
-	settleDebt := l.Mode() == ModeHealthy && now-l.leaser.lastOK.Load() < int64(l.cfg.sweepInterval)
+	settleDebt := l.modes.mode() == ModeHealthy && now-l.leaser.lastOK.Load() < int64(l.cfg.sweepInterval)
 	p := l.policy.load()
 	l.keys.each(func(e *entry) {
 		l.settleLater(l.leaser.drainExpired(e, now)...)
@@ -70,7 +70,7 @@ func (l *Limiter) debtItems(e *entry, p *policyState, now int64) []reconcile.Ite
 // flushQueued sends the queue while healthy; while degraded or recovering
 // the reconciler settles it.
 func (l *Limiter) flushQueued() {
-	if l.Mode() != ModeHealthy {
+	if l.modes.mode() != ModeHealthy {
 		return
 	}
 	items := l.queue.Take()
@@ -128,7 +128,15 @@ func (l *Limiter) account(n int, rep reconcile.Report) {
 // sweep) and starts a recovery when the store is back and the outage left
 // accounts open. Mode changes are logged after every lock is released.
 func (l *Limiter) checkMode() {
-	l.logMode(l.modes.check(l.owed, l.startSettlement))
+	t := l.modes.check(l.owed, l.startSettlement)
+	switch {
+	case !t.changed():
+	case t.to == ModeDegraded:
+		l.outage.began()
+	case t.from == ModeDegraded:
+		l.outage.ended(l.cfg.now())
+	}
+	l.logMode(t)
 }
 
 // owed reports whether anything is owed to the store: degraded admissions
