@@ -264,9 +264,16 @@ func TestOOMDoesNotFlap(t *testing.T) {
 		lims[i] = newFleet(t, 1, Policy{Name: "oom", Limit: PerSecond(1000)}, dial(srv),
 			WithLogger(slog.New(counters[i])), WithPolicyPoll(50*time.Millisecond))[0]
 	}
-	var all tally
+	var all, after tally
+	var freedAt atomic.Int64 // ns since start when memory was freed; 0 before
 	ctx, cancel := context.WithCancel(context.Background())
-	done := windows(ctx, lims, 200, "oom", func(time.Duration) *tally { return &all })
+	start := time.Now()
+	done := windows(ctx, lims, 200, "oom", func(since time.Duration) *tally {
+		if f := freedAt.Load(); f != 0 && since >= time.Duration(f) {
+			return &after
+		}
+		return &all
+	})
 	time.Sleep(500 * time.Millisecond)
 	// Memory full: a maxmemory below what the server already uses makes
 	// every write fail with OOM while reads still work, as a full Redis
@@ -276,10 +283,18 @@ func TestOOMDoesNotFlap(t *testing.T) {
 	require.ErrorContains(t, c.Set(context.Background(), "probe", "x", 0).Err(), "OOM")
 	time.Sleep(4 * time.Second)
 	require.NoError(t, c.ConfigSet(context.Background(), "maxmemory", "0").Err())
+	freedAt.Store(int64(time.Since(start)))
 	eventually(t, "recovery after memory is freed", func() bool { return allHealthy(lims) })
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(time.Second)
 	cancel()
 	done.Wait()
+	// Demand is under the limit: the debt charged after recovery must not
+	// starve the key (it was starved ~0.75 s before the recovery hold).
+	t.Logf("OOM: %.2f%% refused before and during, %.2f%% in the %d decisions after memory was freed",
+		all.refusedPct(), after.refusedPct(), after.offered.Load())
+	if after.refusedPct() > 1 {
+		t.Fatalf("%.2f%% refused under the limit after recovery, want ≤ 1%%", after.refusedPct())
+	}
 	for i, mc := range counters {
 		t.Logf("limiter %d: %d changes to degraded, %d to recovering, %d to healthy", i, mc.count("degraded"), mc.count("recovering"), mc.count("healthy"))
 		if mc.count("degraded") != 1 || mc.count("healthy") != 1 {

@@ -2,6 +2,7 @@ package remote
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -72,16 +73,17 @@ func FuzzBucketKey(f *testing.F) {
 }
 
 // FuzzLimitValidate: a limit either fails with ErrInvalidLimit or is one
-// every store can run: a request with it validates, and a lease of Burst on
-// a fresh MemoryStore bucket is granted in full.
+// every store can run: a request with it validates, a lease of Burst on a
+// fresh MemoryStore bucket is granted in full, and a policy record of it
+// (any valid version) survives the store's text form unchanged.
 func FuzzLimitValidate(f *testing.F) {
-	f.Add(int64(5), int64(time.Second), int64(3))
-	f.Add(int64(1), int64(365*24*time.Hour), int64(2))
-	f.Add(int64(1e9), int64(time.Second), int64(1e12))
-	f.Add(int64(100_003), int64(24*time.Hour), int64(100_003))
-	f.Add(int64(-1), int64(time.Second), int64(1))
-	f.Add(int64(1), int64(1), int64(1<<62))
-	f.Fuzz(func(t *testing.T, rate, period, burst int64) {
+	f.Add(int64(5), int64(time.Second), int64(3), uint64(1))
+	f.Add(int64(1), int64(365*24*time.Hour), int64(2), uint64(7))
+	f.Add(int64(1e9), int64(time.Second), int64(1e12), uint64(1)<<53)
+	f.Add(int64(100_003), int64(24*time.Hour), int64(100_003), uint64(2))
+	f.Add(int64(-1), int64(time.Second), int64(1), uint64(0))
+	f.Add(int64(1), int64(1), int64(1<<62), uint64(1)<<60)
+	f.Fuzz(func(t *testing.T, rate, period, burst int64, version uint64) {
 		lim := local.Limit{Rate: rate, Period: time.Duration(period), Burst: burst}
 		err := lim.Validate()
 		if err != nil {
@@ -98,6 +100,18 @@ func FuzzLimitValidate(f *testing.F) {
 		st, res := apply(state{}, false, OpLease, &r, m, 1_700_000_000_000_000)
 		if res.Granted != burst || st.level != 0 {
 			t.Fatalf("valid limit %v: lease of Burst on a fresh bucket = %+v", lim, res)
+		}
+		rec := PolicyRecord{Version: version, Limit: lim}
+		if err := validatePolicyRecord("", "p", rec); err != nil {
+			if version == 0 || version > MaxVersion {
+				return
+			}
+			t.Fatalf("record %+v refused: %v", rec, err)
+		}
+		text := fmt.Sprintf("%d %d %d %d", rec.Version, lim.Rate, int64(lim.Period/time.Microsecond), lim.Burst)
+		back, err := decodePolicy("k", text)
+		if err != nil || back != rec {
+			t.Fatalf("record %+v as %q decodes to %+v, %v", rec, text, back, err)
 		}
 	})
 }
