@@ -247,15 +247,20 @@ var _ remote.Fleet = (*Store)(nil)
 // errNoFleet reports a store that cannot count its fleet.
 var errNoFleet = errors.New("breaker: store does not implement remote.Fleet")
 
-// Heartbeat implements remote.Fleet through the breaker when the wrapped
-// store does.
-func (s *Store) Heartbeat(ctx context.Context, prefix, policy, member string, expiry time.Duration) (n int, err error) {
+// Heartbeat implements remote.Fleet when the wrapped store does. It is
+// refused while the breaker is not closed, and its outcome never counts
+// toward the breaker: the fleet key may live on another node than the
+// buckets (Redis Cluster), and a heartbeat failing there says nothing
+// about whether decisions can reach theirs.
+func (s *Store) Heartbeat(ctx context.Context, prefix, policy, member string, expiry time.Duration) (int, error) {
 	f, ok := s.next.(remote.Fleet)
 	if !ok {
 		return 0, errNoFleet
 	}
-	err = s.call(func() error { n, err = f.Heartbeat(ctx, prefix, policy, member, expiry); return err })
-	return n, err
+	if s.State() != gobreaker.StateClosed {
+		return 0, fmt.Errorf("%w (heartbeats do not probe): %w", ErrOpen, remote.ErrUnavailable)
+	}
+	return f.Heartbeat(ctx, prefix, policy, member, expiry)
 }
 
 // Leave implements remote.Fleet through the breaker when the wrapped store

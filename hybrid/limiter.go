@@ -218,6 +218,16 @@ func (l *Limiter) heartbeat() {
 	}
 }
 
+// holdBeat heartbeats every tenth of the heartbeat interval while the
+// recovery hold is on: the hold ends as soon as every peer counted before
+// the outage has announced itself again, not a heartbeat interval later.
+func (l *Limiter) holdBeat() {
+	l.heartbeat()
+	if l.outage.held(l.cfg.now()) {
+		l.bg.after(max(l.cfg.hbInterval/10, time.Millisecond), l.holdBeat)
+	}
+}
+
 // Close stops the limiter: background work ends, pending reservations are
 // cancelled, and every unspent leased token is given back to the store
 // (bounded by ctx). Close is idempotent; later calls return nil. After

@@ -40,10 +40,13 @@ func (o *outage) began() {
 // heartbeats count the fleet it knew before the outage (or the hold
 // expires, for peers that died meanwhile), its decisions stay on its own
 // share, so that the fleet as a whole stays within the limit.
-func (o *outage) ended(now int64) {
+// It reports whether the hold is on.
+func (o *outage) ended(now int64) bool {
 	if o.fleet != nil && o.before.Load() > 1 && o.cfg.recoveryHold > 0 {
 		o.holdUntil.Store(now + int64(o.cfg.recoveryHold) + 1)
+		return true
 	}
+	return false
 }
 
 // held reports whether the recovery hold is on at now.

@@ -134,7 +134,9 @@ func (l *Limiter) checkMode() {
 	case t.to == ModeDegraded:
 		l.outage.began()
 	case t.from == ModeDegraded:
-		l.outage.ended(l.cfg.now())
+		if l.outage.ended(l.cfg.now()) {
+			l.bg.after(0, l.holdBeat)
+		}
 	}
 	l.logMode(t)
 }
