@@ -161,13 +161,7 @@ func TestFleetPassThrough(t *testing.T) {
 // until the clock, not the wall, passes the open period.
 func TestOpenPeriodFollowsTheClock(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewManual(time.Unix(0, 0))
-	f := &downMemory{MemoryStore: remote.NewMemory(clk)}
-	s := NewStore(f, Settings{Clock: clk, Breaker: gobreaker.Settings{Timeout: time.Second}})
-	f.down.Store(true)
-	for i := 0; i < 3; i++ {
-		_, _ = s.Lease(context.Background(), req)
-	}
+	s, clk := openOnManualClock()
 	time.Sleep(20 * time.Millisecond) // wall time passes; the breaker must not care
 	if got := s.State(); got != gobreaker.StateOpen {
 		t.Fatalf("state = %v before the clock moved, want open", got)
@@ -247,13 +241,7 @@ func TestOpensOnFirstUnreachable(t *testing.T) {
 // (Redis out of memory) cannot close the breaker through them.
 func TestReadsDoNotProbe(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewManual(time.Unix(0, 0))
-	f := &downMemory{MemoryStore: remote.NewMemory(clk)}
-	s := NewStore(f, Settings{Clock: clk, Breaker: gobreaker.Settings{Timeout: time.Second}})
-	f.down.Store(true)
-	for i := 0; i < 3; i++ {
-		_, _ = s.Lease(context.Background(), req)
-	}
+	s, clk := openOnManualClock()
 	clk.Advance(time.Second)
 	if got := s.State(); got != gobreaker.StateHalfOpen {
 		t.Fatalf("state = %v, want half-open", got)
@@ -280,4 +268,17 @@ func (d *downMemory) Lease(ctx context.Context, r remote.Request) (remote.Result
 		return remote.Result{}, remote.ErrUnavailable
 	}
 	return d.MemoryStore.Lease(ctx, r)
+}
+
+// openOnManualClock returns a breaker on a manual clock, with a 1 s open
+// period, opened by three failed leases.
+func openOnManualClock() (*Store, *clock.Manual) {
+	clk := clock.NewManual(time.Unix(0, 0))
+	f := &downMemory{MemoryStore: remote.NewMemory(clk)}
+	s := NewStore(f, Settings{Clock: clk, Breaker: gobreaker.Settings{Timeout: time.Second}})
+	f.down.Store(true)
+	for i := 0; i < 3; i++ {
+		_, _ = s.Lease(context.Background(), req)
+	}
+	return s, clk
 }

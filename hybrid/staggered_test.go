@@ -94,11 +94,7 @@ func (c *cuttable) Debit(ctx context.Context, r remote.Request) (remote.Result, 
 
 func (c *cuttable) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
 	if c.down.Load() {
-		out := make([]remote.Reply, len(rs))
-		for i := range out {
-			out[i].Err = errCut
-		}
-		return out
+		return failAll(len(rs), errCut)
 	}
 	return c.RedisStore.Batch(ctx, op, rs)
 }
