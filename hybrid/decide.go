@@ -152,7 +152,13 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, rou
 		l.leaser.refillAsync(e)
 		return l.outage.decide(e, p, n, now), true, nil
 	}
-	if until := max(e.emptyUntil.Load(), e.pendingUntil.Load()); now < until {
+	until := e.pendingUntil.Load()
+	if n >= e.emptyFor.Load() {
+		// The cached refusal was for as many tokens or fewer: it holds
+		// for n too. A smaller request may fit and asks the store.
+		until = max(until, e.emptyUntil.Load())
+	}
+	if now < until {
 		// Demand all the same: it sizes the next lease, and it keeps
 		// the key (and this cached answer) from being evicted as idle.
 		e.misses.Add(n)

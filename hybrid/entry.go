@@ -20,7 +20,8 @@ type entry struct {
 	lowWater atomic.Int64 // refill in the background below this many tokens
 
 	refilling    atomic.Bool  // a background refill is running
-	emptyUntil   atomic.Int64 // mono ns: the store said empty until then
+	emptyUntil   atomic.Int64 // mono ns: the store said empty until then...
+	emptyFor     atomic.Int64 // ...for requests of this many tokens or more
 	pendingUntil atomic.Int64 // mono ns: a reservation becomes spendable then
 	reserved     atomic.Int64 // tokens in pending reservations
 	resetAt      atomic.Int64 // mono ns: the bucket is full then (last answer)

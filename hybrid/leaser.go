@@ -132,7 +132,11 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	if need > 0 && e.lease.Tokens() >= need {
 		return fetchOutcome{deposited: true, at: start}, nil
 	}
-	if until := max(e.pendingUntil.Load(), e.emptyUntil.Load()); until > start {
+	until := e.pendingUntil.Load()
+	if max(need, 1) >= e.emptyFor.Load() {
+		until = max(until, e.emptyUntil.Load()) // a refusal for as many or fewer tokens
+	}
+	if until > start {
 		return fetchOutcome{retry: time.Duration(until - start), at: start}, nil
 	}
 	req := ls.request(e, p, need, start)
@@ -157,7 +161,7 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	now := ls.cfg.now()
 	ls.lastOK.Store(now)
 	ls.offset.Observe(ls.cfg.epoch.Add(time.Duration(start)), ls.cfg.epoch.Add(time.Duration(now)), res.Now)
-	return ls.apply(e, res, now), nil
+	return ls.apply(e, res, req.Need, now), nil
 }
 
 // request builds the lease request for e: sized for every caller waiting
@@ -177,8 +181,9 @@ func (ls *leaser) request(e *entry, p *policyState, need, now int64) remote.Requ
 		N: want, Min: minimum, Need: floor, MaxDelay: ls.cfg.maxDelay}
 }
 
-// apply records a lease reply on e, received at now.
-func (ls *leaser) apply(e *entry, res remote.Result, now int64) fetchOutcome {
+// apply records a lease reply on e, received at now, for a request that
+// needed need tokens.
+func (ls *leaser) apply(e *entry, res remote.Result, need, now int64) fetchOutcome {
 	if res.Stale {
 		if ls.policy.learn(res.Version) {
 			ls.bg.after(0, func() { ls.policy.refreshShared(ls.bg.ctx) })
@@ -205,6 +210,7 @@ func (ls *leaser) apply(e *entry, res remote.Result, now int64) fetchOutcome {
 		ls.reserve(e, res.Granted, res.Delay, now)
 		return fetchOutcome{retry: res.Delay, at: now}
 	default:
+		e.emptyFor.Store(max(need, 1))
 		e.emptyUntil.Store(now + int64(res.RetryAfter))
 		return fetchOutcome{retry: res.RetryAfter, at: now}
 	}

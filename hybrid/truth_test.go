@@ -199,3 +199,27 @@ func TestDegradedShareRoundsDown(t *testing.T) {
 		_ = l.Close(context.Background())
 	}
 }
+
+// TestCachedRefusalOnlyForLargerRequests: a refusal the store gave for n
+// tokens is cached for requests of n or more; a smaller request that the
+// bucket can serve is not refused by it (found through the HTTP
+// middleware, where requests have different costs).
+func TestCachedRefusalOnlyForLargerRequests(t *testing.T) {
+	t.Parallel()
+	w := newFakeWorld()
+	l := w.limiter(t, Policy{Name: "costs", Limit: Limit{Rate: 10, Period: 4 * time.Second, Burst: 10}}, WithMaxReservation(0))
+	ctx := context.Background()
+	for _, n := range []int64{4, 4} {
+		if d, err := l.AllowN(ctx, "k", n); err != nil || !d.Allowed {
+			t.Fatalf("AllowN(%d) = %+v, %v on a full bucket", n, d, err)
+		}
+	}
+	quiesce(t, l)
+	if d, _ := l.AllowN(ctx, "k", 4); d.Allowed {
+		t.Fatalf("AllowN(4) with about 2 left = %+v, want refused", d)
+	}
+	d, err := l.AllowN(ctx, "k", 1)
+	if err != nil || !d.Allowed {
+		t.Fatalf("AllowN(1) after a refusal of 4 = %+v, %v; want admitted (tokens are there)", d, err)
+	}
+}

@@ -1,26 +1,35 @@
 // Package httplimit is net/http middleware over a hybrid.Limiter: each
-// request costs one token of the key its KeyFunc names; admitted requests
-// carry RateLimit headers, rejected ones get 429 Too Many Requests with
-// Retry-After. A store outage never turns into a 5xx: the limiter decides by
-// its outage mode.
+// request costs tokens (one by default) of the key its KeyFunc names;
+// responses carry the RateLimit-Policy and RateLimit fields of
+// draft-ietf-httpapi-ratelimit-headers-11 (and, as an option, the older
+// RateLimit-Limit/-Remaining/-Reset trio), and rejected requests get 429
+// Too Many Requests with Retry-After. A store outage never turns into a
+// 5xx: the limiter decides by its outage mode.
+//
+// Middleware is safe for concurrent use, like the Limiter it wraps.
 package httplimit
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/leasehold/leasehold/hybrid"
 )
 
 // KeyFunc names the bucket a request is charged to. An error rejects the
-// request with 400 Bad Request.
+// request with 400 Bad Request; the error's text is not sent to the
+// client.
 type KeyFunc func(r *http.Request) (string, error)
 
-// ByRemoteIP charges each client IP address.
+// ByRemoteIP charges each client IP address as the connection shows it
+// (r.RemoteAddr). It ignores Forwarded and X-Forwarded-For, which any
+// client can set; behind a proxy, use ByClientIP.
 func ByRemoteIP(r *http.Request) (string, error) {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
@@ -40,33 +49,36 @@ func ByHeader(h string) KeyFunc {
 	}
 }
 
-// Middleware limits the requests that reach next with lim, by key. It is
-// safe for concurrent use, like lim.
-func Middleware(lim *hybrid.Limiter, key KeyFunc) func(http.Handler) http.Handler {
+// Middleware limits the requests that reach next with lim, by key. Options
+// set the cost of a request, requests to skip, the response to a rejected
+// request, and the legacy header trio.
+func Middleware(lim *hybrid.Limiter, key KeyFunc, opts ...Option) func(http.Handler) http.Handler {
+	cfg := config{cost: func(*http.Request) int64 { return 1 }, deny: http.HandlerFunc(tooMany)}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if cfg.skip != nil && cfg.skip(r) {
+				next.ServeHTTP(w, r)
+				return
+			}
 			k, err := key(r)
 			if err != nil {
-				http.Error(w, "cannot tell who is asking: "+err.Error(), http.StatusBadRequest)
+				http.Error(w, "rate limit: cannot tell who is asking", http.StatusBadRequest)
 				return
 			}
-			d, err := lim.AllowN(r.Context(), k, 1)
-			switch {
-			case errors.Is(err, hybrid.ErrInvalidKey):
-				http.Error(w, "invalid rate-limit key", http.StatusBadRequest)
-				return
-			case err != nil:
-				// ErrClosed (shutting down) or the request's context ended.
-				http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+			d, err := lim.AllowN(r.Context(), k, cfg.cost(r))
+			if status, msg := errorStatus(err); status != 0 {
+				http.Error(w, msg, status)
 				return
 			}
-			h := w.Header()
-			h.Set("RateLimit-Limit", strconv.FormatInt(d.Limit.Burst, 10))
-			h.Set("RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
-			h.Set("RateLimit-Reset", seconds(d.ResetAfter))
+			setHeaders(w.Header(), lim.Policy().Name, d, cfg.legacy)
 			if !d.Allowed {
-				h.Set("Retry-After", seconds(d.RetryAfter))
-				http.Error(w, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
+				// Whole seconds rounded up, never 0: a client told 0 would
+				// ask again at once and be refused again.
+				w.Header().Set("Retry-After", seconds(max(d.RetryAfter, time.Second)))
+				cfg.deny.ServeHTTP(w, r)
 				return
 			}
 			next.ServeHTTP(w, r)
@@ -74,7 +86,65 @@ func Middleware(lim *hybrid.Limiter, key KeyFunc) func(http.Handler) http.Handle
 	}
 }
 
-// seconds renders d as whole seconds, rounded up, as HTTP headers want.
+// errorStatus maps an AllowN error to a response; 0 for none. Messages
+// never echo the key or other internals.
+func errorStatus(err error) (int, string) {
+	switch {
+	case err == nil:
+		return 0, ""
+	case errors.Is(err, hybrid.ErrInvalidKey):
+		return http.StatusBadRequest, "rate limit: invalid key"
+	case errors.Is(err, hybrid.ErrExceedsBurst), errors.Is(err, hybrid.ErrInvalidN):
+		// A cost the limit can never admit: retrying cannot help, so this
+		// is not a 429.
+		return http.StatusRequestEntityTooLarge, "rate limit: request costs more than the limit ever allows"
+	}
+	// ErrClosed (shutting down), the request's context ending, or a
+	// corrupt bucket.
+	return http.StatusServiceUnavailable, "rate limit: unavailable"
+}
+
+func tooMany(w http.ResponseWriter, _ *http.Request) {
+	http.Error(w, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
+}
+
+// setHeaders writes the draft-11 fields: RateLimit-Policy names the policy
+// with its quota (q, Burst) and the window (w, seconds an empty bucket
+// takes to fill, rounded up); RateLimit gives what is left (r) and the
+// seconds until the bucket is full again (t, rounded up).
+func setHeaders(h http.Header, policy string, d hybrid.Decision, legacy bool) {
+	name := sfString(policy)
+	h.Set("RateLimit-Policy", fmt.Sprintf("%s;q=%d;w=%s", name, d.Limit.Burst, seconds(d.Limit.DurationFor(d.Limit.Burst))))
+	h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%s", name, d.Remaining, seconds(d.ResetAfter)))
+	if legacy {
+		h.Set("RateLimit-Limit", strconv.FormatInt(d.Limit.Burst, 10))
+		h.Set("RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
+		h.Set("RateLimit-Reset", seconds(d.ResetAfter))
+	}
+}
+
+// sfString renders s as a Structured Field String (RFC 8941 §3.3.3):
+// printable ASCII in quotes, with '"' and '\' escaped; other bytes become
+// '?' (policy names are UTF-8, the field is not).
+func sfString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('?')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// seconds renders d as whole seconds, rounded up, as HTTP fields want.
 func seconds(d time.Duration) string {
 	return strconv.FormatInt(int64(math.Ceil(d.Seconds())), 10)
 }

@@ -21,7 +21,7 @@ func TestMiddleware(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lim.Close(context.Background())
-	h := Middleware(lim, ByHeader("X-Tenant"))(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	h := Middleware(lim, ByHeader("X-Tenant"), WithLegacyHeaders())(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	do := func(tenant string) *httptest.ResponseRecorder {
@@ -86,7 +86,7 @@ func TestRemainingHeaderIsTheFleetsEstimate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lim.Close(context.Background())
-	h := Middleware(lim, ByHeader("X-Tenant"))(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	h := Middleware(lim, ByHeader("X-Tenant"), WithLegacyHeaders())(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
 	for i, want := range []string{"999", "998", "997"} {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
 		r.Header.Set("X-Tenant", "a")
