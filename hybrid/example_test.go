@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -122,4 +123,83 @@ func ExampleLimiter_SetPolicy() {
 	// Output:
 	// b follows: 2 50/1s burst 50
 	// true true
+}
+
+// ExampleLimiter_ReserveN books tokens ahead: a batch job reserves what it
+// needs and sleeps exactly until the bucket has produced it, or gives the
+// tokens back if it changes its mind.
+func ExampleLimiter_ReserveN() {
+	w := newWorld()
+	defer w.close()
+	ctx := context.Background()
+	lim, err := hybrid.New(remote.NewRedis(w.rdb), hybrid.Policy{Name: "export", Limit: hybrid.PerSecond(10)},
+		hybrid.WithClock(w.clk))
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close(ctx)
+
+	for _, n := range []int64{10, 5} {
+		r, err := lim.ReserveN(ctx, "tenant-7", n)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("reserve %d: ok=%v act in %v\n", n, r.OK(), r.Delay())
+		if r.Delay() > 0 {
+			r.Cancel() // not worth the wait: the 5 tokens go back
+		}
+	}
+	r, _ := lim.ReserveN(ctx, "tenant-7", 5)
+	fmt.Printf("reserve 5 again: ok=%v act in %v\n", r.OK(), r.Delay())
+	// Output:
+	// reserve 10: ok=true act in 0s
+	// reserve 5: ok=true act in 500ms
+	// reserve 5 again: ok=true act in 500ms
+}
+
+// ExampleLimiter_Wait blocks until the request may proceed, on the
+// limiter's clock (here a manual one, moved by another goroutine).
+func ExampleLimiter_Wait() {
+	w := newWorld()
+	defer w.close()
+	ctx := context.Background()
+	lim, err := hybrid.New(remote.NewRedis(w.rdb), hybrid.Policy{Name: "jobs", Limit: hybrid.Limit{Rate: 1, Period: time.Second, Burst: 1}},
+		hybrid.WithClock(w.clk), hybrid.WithMaxReservation(0))
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close(ctx)
+	fmt.Println(lim.Wait(ctx, "worker")) // the burst token: at once
+	done := make(chan error)
+	go func() { done <- lim.Wait(ctx, "worker") }()
+	for {
+		select {
+		case err := <-done:
+			fmt.Println(err)
+			return
+		default:
+			w.advance(100 * time.Millisecond) // time passes until the next token
+			runtime.Gosched()                 // let the waiter look again
+		}
+	}
+	// Output:
+	// <nil>
+	// <nil>
+}
+
+// ExampleNew_cluster runs the limiter on Redis Cluster: keys carry hash
+// tags, so every operation on a key stays in one slot. Build the client
+// with ContextTimeoutEnabled so deadlines reach in-flight calls.
+func ExampleNew_cluster() {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:                 []string{"redis-0:6379", "redis-1:6379", "redis-2:6379"},
+		ContextTimeoutEnabled: true,
+	})
+	defer rdb.Close()
+	lim, err := hybrid.New(remote.NewRedis(rdb), hybrid.Policy{Name: "api", Limit: hybrid.PerSecond(1000)})
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close(context.Background())
+	_ = lim.Allow(context.Background(), "customer-42")
 }

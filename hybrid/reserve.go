@@ -1,0 +1,113 @@
+package hybrid
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasehold/leasehold/remote"
+)
+
+// Reservation is n tokens of a key held for a caller, in the shape of
+// golang.org/x/time/rate's: OK says whether they were granted, Delay how
+// long the caller must wait before acting on them, and Cancel gives them
+// back if it will not. A Reservation is safe for concurrent use.
+type Reservation struct {
+	ok        bool
+	at        time.Time // when the tokens may be used
+	n         int64
+	fromStore bool // granted by the store (Cancel returns them there)
+	key       string
+	l         *Limiter
+	cancelled atomic.Bool
+}
+
+// OK reports whether the tokens were granted. When false, Delay is 0 and
+// Cancel does nothing.
+func (r *Reservation) OK() bool { return r.ok }
+
+// Delay is shorthand for DelayFrom(now) on the limiter's clock.
+func (r *Reservation) Delay() time.Duration { return r.DelayFrom(r.l.cfg.clk.Now()) }
+
+// DelayFrom returns how long after t the caller must wait before acting on
+// the reservation; 0 means now.
+func (r *Reservation) DelayFrom(t time.Time) time.Duration {
+	if !r.ok {
+		return 0
+	}
+	return max(r.at.Sub(t), 0)
+}
+
+// Cancel gives the tokens back if their time has not come yet, so that
+// others may use them. After that time, or a second time, it does nothing:
+// the tokens count as used.
+func (r *Reservation) Cancel() {
+	if !r.ok || !r.fromStore || !r.cancelled.CompareAndSwap(false, true) {
+		return
+	}
+	if r.l.cfg.clk.Now().Before(r.at) {
+		r.l.settleLater(r.l.leaser.returnItem(r.key, r.n))
+		r.l.bg.after(0, r.l.flushQueued)
+	}
+}
+
+// ReserveN holds n tokens of key for the caller, who acts after Delay:
+// now when this process's lease or the bucket has them, else at the time
+// the bucket will have produced them (a future-dated grant from the store,
+// at most the time the bucket takes to fill from empty). Such tokens count
+// as used from the moment they are granted, so Cancel the reservation if
+// you will not act on it. OK is false when the bucket cannot have them in
+// that time, or when the store is unavailable and this process's degraded
+// share cannot admit them now. Errors are AllowN's.
+func (l *Limiter) ReserveN(ctx context.Context, key string, n int64) (*Reservation, error) {
+	p := l.policy.load()
+	if err := l.checkRequest(p, key, n); err != nil {
+		return nil, err
+	}
+	r := &Reservation{l: l, key: key, n: n, at: l.cfg.clk.Now()}
+	if e := l.keys.load(key); e != nil {
+		if ok, _ := l.leaser.spend(e, n); ok {
+			r.ok = true
+			return r, nil
+		}
+	}
+	res, err := l.reserveFromStore(ctx, p, key, n)
+	if err != nil {
+		if !remote.IsUnavailable(err) || ctx.Err() != nil {
+			return nil, err
+		}
+		// The store is away: this process's degraded share decides, now
+		// or not at all.
+		d, err := l.AllowN(ctx, key, n)
+		r.ok = err == nil && d.Allowed
+		return r, err
+	}
+	if res.Granted < n {
+		if res.Granted > 0 { // cannot happen with Min = n; give back all the same
+			l.settleLater(l.leaser.returnItem(key, res.Granted))
+		}
+		return r, nil
+	}
+	r.ok, r.fromStore = true, true
+	r.at = r.at.Add(res.Delay)
+	return r, nil
+}
+
+// reserveFromStore asks the store for exactly n tokens, future-dated if
+// need be.
+func (l *Limiter) reserveFromStore(ctx context.Context, p *policyState, key string, n int64) (remote.Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.storeTimeout)
+	defer cancel()
+	req := remote.Request{Prefix: l.cfg.prefix, Policy: p.Name, Key: key, Limit: p.Limit, Version: p.Version,
+		N: n, Min: n, Need: n, MaxDelay: p.Limit.DurationFor(p.Limit.Burst)}
+	res, err := l.store.Lease(ctx, req)
+	l.stats.storeCalls.Add(1)
+	if err != nil {
+		l.stats.storeErrors.Add(1)
+		return remote.Result{}, err
+	}
+	if res.Stale && l.policy.learn(res.Version) {
+		l.bg.after(0, func() { l.policy.refreshShared(l.bg.ctx) })
+	}
+	return res, nil
+}
