@@ -8,15 +8,16 @@ export LEASEHOLD_REQUIRE_REDIS ?= 1
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # Nested modules (go.work ties them to the root): their dependencies stay
 # out of leasehold's go.mod.
-MODULES = benchmarks internal/faulttest sim
+MODULES = benchmarks internal/faulttest sim contrib/prommetrics contrib/otelmetrics
+# Modules whose tests make test runs besides the root's.
+TESTED = internal/faulttest sim contrib/prommetrics contrib/otelmetrics
 
 .PHONY: test redis lint bench sim fuzz soak
 
 test: redis lint
 	$(GO) test -race -count=1 -timeout 12m ./...
-	# Fault injection through toxiproxy, and the simulator.
-	cd internal/faulttest && $(GO) test -race -count=1 -timeout 5m ./...
-	cd sim && $(GO) test -race -count=1 -timeout 5m ./...
+	# Fault injection through toxiproxy, the simulator, the metrics adapters.
+	for m in $(TESTED); do (cd $$m && $(GO) test -race -count=1 -timeout 5m ./...) || exit 1; done
 
 lint:
 	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi

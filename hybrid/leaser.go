@@ -159,6 +159,7 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 		return fetchOutcome{}, err
 	}
 	now := ls.cfg.now()
+	ls.stats.storeLatency.observe(float64(now-start) / 1e9)
 	ls.lastOK.Store(now)
 	ls.offset.Observe(ls.cfg.epoch.Add(time.Duration(start)), ls.cfg.epoch.Add(time.Duration(now)), res.Now)
 	return ls.apply(e, res, req.Need, now), nil
@@ -184,6 +185,9 @@ func (ls *leaser) request(e *entry, p *policyState, need, now int64) remote.Requ
 // apply records a lease reply on e, received at now, for a request that
 // needed need tokens.
 func (ls *leaser) apply(e *entry, res remote.Result, need, now int64) fetchOutcome {
+	if res.Granted > 0 {
+		ls.stats.leaseSizes.observe(float64(res.Granted))
+	}
 	if res.Stale {
 		if ls.policy.learn(res.Version) {
 			ls.bg.after(0, func() { ls.policy.refreshShared(ls.bg.ctx) })

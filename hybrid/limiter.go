@@ -65,7 +65,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	if !ok {
 		bs = breaker.NewStore(store, breaker.Settings{Clock: cfg.clk})
 	}
-	l := &Limiter{cfg: cfg, store: bs, bg: newBackground(cfg.clk), keys: keyTable{max: int64(cfg.maxKeys)}}
+	l := &Limiter{cfg: cfg, store: bs, bg: newBackground(cfg.clk), keys: keyTable{max: int64(cfg.maxKeys)}, stats: newCounters()}
 	l.cfg.epoch = cfg.clk.Now()
 	rng := newRand(cfg)
 	l.settler = reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.bg.after, Jitter: rng.duration}

@@ -50,6 +50,12 @@ type Stats struct {
 	// process used them (evicted by Redis, or deleted): each came back
 	// full. Non-zero means the Redis may evict leasehold's keys.
 	BucketsLost int64
+	// StoreLatency is the distribution of lease call round trips, in
+	// seconds; LeaseSizes that of the tokens each grant brought.
+	StoreLatency Histogram
+	LeaseSizes   Histogram
+	// PolicyVersion is the version of the policy in force.
+	PolicyVersion uint64
 
 	bySource [numSources]SourceStats
 }
@@ -81,6 +87,12 @@ type counters struct {
 	modeChanges    atomic.Int64
 	policyChanges  atomic.Int64
 	bucketsLost    atomic.Int64
+	storeLatency   *histogram
+	leaseSizes     *histogram
+}
+
+func newCounters() counters {
+	return counters{storeLatency: newHistogram(latencyBounds...), leaseSizes: newHistogram(leaseBounds...)}
 }
 
 // Stats returns a snapshot of the counters. It takes no lock, but lease
@@ -104,6 +116,9 @@ func (l *Limiter) Stats() Stats {
 		ClockOffset:    l.ClockOffset(),
 		FleetSize:      l.outage.size(),
 		BucketsLost:    l.stats.bucketsLost.Load(),
+		StoreLatency:   l.stats.storeLatency.snapshot(),
+		LeaseSizes:     l.stats.leaseSizes.snapshot(),
+		PolicyVersion:  l.policy.load().Version,
 	}
 	for i := range s.bySource {
 		s.bySource[i] = SourceStats{Admitted: l.stats.admitted[i].Load(), Rejected: l.stats.rejected[i].Load()}
