@@ -209,3 +209,18 @@ return {1, rec}
 `
 
 var setPolicyScript = redis.NewScript(setPolicyLua)
+
+// peekLua reads a bucket without changing it: the raw state, the server's
+// TIME and the key's remaining TTL, in one atomic call.
+// KEYS[1] the bucket key. Reply: {state or false, seconds, microseconds,
+// pttl}.
+var peekLua = `
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) == 'table' and raw.err then
+  return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
+end
+local t = redis.call('TIME')
+return {raw, t[1], t[2], redis.call('PTTL', KEYS[1])}
+`
+
+var peekScript = redis.NewScript(peekLua)

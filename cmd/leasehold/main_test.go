@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/leasehold/leasehold/remote"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+func cli(args ...string) (int, string, string) {
+	var out, errOut strings.Builder
+	code := run(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// TestCommands runs every command against a real standalone Redis and a
+// real cluster, on state a real limiter wrote.
+func TestCommands(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		dial  func(t *testing.T) redis.UniversalClient
+	}{
+		{"standalone", nil, func(t *testing.T) redis.UniversalClient { return redistest.Standalone(t).Client(t) }},
+		{"cluster", []string{"-cluster"}, func(t *testing.T) redis.UniversalClient { return redistest.SharedCluster(t).Client(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.dial(t)
+			addr := strings.Join(addrsOf(c), ",")
+			flags := append([]string{"-addr", addr}, tc.flags...)
+			name := "cli-" + tc.name + time.Now().Format("150405.000000")
+			lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: name, Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 10}},
+				hybrid.WithLogger(slog.New(slog.DiscardHandler)), hybrid.WithHeartbeat(50*time.Millisecond, time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.Close(context.Background())
+			for i := 0; i < 3; i++ {
+				lim.Allow(context.Background(), "tenant:{7}")
+			}
+			code, out, errOut := cli(append(flags, "bucket", name, "tenant:{7}")...)
+			if code != 0 || !strings.Contains(out, "level      7 of 10") || !strings.Contains(out, "limit      1/1h0m0s burst 10") ||
+				!strings.Contains(out, "next token") {
+				t.Fatalf("bucket: %d\n%s%s", code, out, errOut)
+			}
+			if code, out, _ := cli(append(flags, "bucket", name, "never-used")...); code != 0 || !strings.Contains(out, "no bucket: full") {
+				t.Fatalf("bucket of an unused key: %d %s", code, out)
+			}
+			if code, out, errOut := cli(append(flags, "policy", "set", name, "-version", "2", "-rate", "5", "-period", "1m")...); code != 0 ||
+				!strings.Contains(out, "version 2: 5/1m0s burst 5") {
+				t.Fatalf("policy set: %d %s%s", code, out, errOut)
+			}
+			if code, out, _ := cli(append(flags, "policy", "show", name)...); code != 0 || !strings.Contains(out, "version 2") {
+				t.Fatalf("policy show: %d %s", code, out)
+			}
+			if code, _, errOut := cli(append(flags, "policy", "set", name, "-version", "2", "-rate", "9")...); code != 1 ||
+				!strings.Contains(errOut, "version 2 is stale: version 2 (5/1m0s burst 5) is in force") {
+				t.Fatalf("stale policy set: %d %s", code, errOut)
+			}
+			if code, _, errOut := cli(append(flags, "policy", "show", "no-such-policy")...); code != 1 || !strings.Contains(errOut, "no record") {
+				t.Fatalf("unknown policy: %d %s", code, errOut)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				code, out, _ := cli(append(flags, "fleet", name)...)
+				if code == 0 && strings.HasPrefix(out, "1 limiters of "+name) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("fleet: %d %s", code, out)
+				}
+				time.Sleep(20 * time.Millisecond) // polling the heartbeat with a deadline
+			}
+		})
+	}
+}
+
+func addrsOf(c redis.UniversalClient) []string {
+	switch c := c.(type) {
+	case *redis.Client:
+		return []string{c.Options().Addr}
+	case *redis.ClusterClient:
+		return c.Options().Addrs
+	}
+	return nil
+}
+
+// TestErrors: a wrong address and bad usage say what is wrong.
+func TestErrors(t *testing.T) {
+	if code, _, errOut := cli("-addr", "127.0.0.1:1", "-timeout", "500ms", "policy", "show", "p"); code != 1 ||
+		!strings.Contains(errOut, "cannot reach Redis at 127.0.0.1:1") {
+		t.Fatalf("wrong address: %d %s", code, errOut)
+	}
+	if code, _, errOut := cli("frobnicate"); code != 2 || !strings.Contains(errOut, "usage") {
+		t.Fatalf("bad usage: %d %s", code, errOut)
+	}
+}
