@@ -42,7 +42,9 @@ func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-rate", "20", "-load", "50"}, io.Discard, ready) }()
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-rate", "20", "-load", "50"}, io.Discard, ready)
+	}()
 	base := "http://" + <-ready
 	waitFor(t, "a second with admissions and rejections", func() bool {
 		for _, s := range getStatus(t, base).Seconds {

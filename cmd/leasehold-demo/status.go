@@ -85,7 +85,9 @@ type status struct {
 	}
 }
 
-func newStatus(lim *hybrid.Limiter, store *switchable) *status { return &status{lim: lim, store: store} }
+func newStatus(lim *hybrid.Limiter, store *switchable) *status {
+	return &status{lim: lim, store: store}
+}
 
 func (s *status) sample(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
@@ -99,7 +101,7 @@ func (s *status) sample(ctx context.Context) {
 			cur := s.lim.Stats()
 			sec := second{At: now, Admitted: cur.Admitted - prev.Admitted, Rejected: cur.Rejected - prev.Rejected,
 				Degraded: cur.Source(hybrid.SourceDegraded).Admitted - prev.Source(hybrid.SourceDegraded).Admitted,
-				Mode: cur.Mode.String(), Cut: s.store.cut.Load()}
+				Mode:     cur.Mode.String(), Cut: s.store.cut.Load()}
 			prev = cur
 			s.mu.Lock()
 			s.mu.history = append(s.mu.history, sec)
