@@ -79,14 +79,18 @@ func TestRemainingIsTheFleetsEstimate(t *testing.T) {
 func TestInternalNamesUnreachable(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Standalone(t)
-	l, err := New(remote.NewRedis(srv.Client(t)), Policy{Name: "names-" + t.Name(), Limit: PerSecond(100)}, quiet)
+	// A long store timeout: a decision stuck behind an internal flight
+	// waits all of it, which no healthy round trip comes near, even on a
+	// loaded CI machine.
+	l, err := New(remote.NewRedis(srv.Client(t)), Policy{Name: "names-" + t.Name(), Limit: PerSecond(100)}, quiet,
+		WithStoreTimeout(500*time.Millisecond))
 	require.NoError(t, err)
 	ctx := context.Background()
 	for _, key := range []string{"\x00policy", "policy", "sync", "refresh", "\x00fleet"} {
 		start := time.Now()
 		d, err := l.AllowN(ctx, key, 1)
 		require.NoError(t, err)
-		if !d.Allowed || time.Since(start) > 40*time.Millisecond {
+		if !d.Allowed || d.Source == SourceDegraded || time.Since(start) > 400*time.Millisecond {
 			t.Fatalf("AllowN(%q) = %+v after %v, want an admission without waiting out the store timeout", key, d, time.Since(start))
 		}
 	}
@@ -141,13 +145,14 @@ func TestForeignPolicyRecordDoesNotStall(t *testing.T) {
 		name := "foreign-" + time.Now().Format("150405.000000000")
 		require.NoError(t, clobber(remote.PolicyKey("", name)))
 		logs := &logCounter{want: "policy record"}
-		l, err := New(remote.NewRedis(srv.Client(t)), Policy{Name: name, Limit: PerSecond(100)}, WithLogger(slog.New(logs)))
+		l, err := New(remote.NewRedis(srv.Client(t)), Policy{Name: name, Limit: PerSecond(100)}, WithLogger(slog.New(logs)),
+			WithStoreTimeout(500*time.Millisecond)) // a stall waits all of it (see TestInternalNamesUnreachable)
 		require.NoError(t, err)
 		for i := 0; i < 50; i++ {
 			start := time.Now()
 			d, err := l.AllowN(ctx, "k"+string(rune('a'+i%5)), 1)
 			require.NoError(t, err)
-			if !d.Allowed || time.Since(start) > 40*time.Millisecond {
+			if !d.Allowed || d.Source == SourceDegraded || time.Since(start) > 400*time.Millisecond {
 				t.Fatalf("decision %d with a foreign policy record: %+v after %v", i, d, time.Since(start))
 			}
 		}
