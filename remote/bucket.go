@@ -75,7 +75,7 @@ func (s *state) refill(now int64) {
 }
 
 // apply runs op on the bucket at store time now (µs) and returns the new
-// state and the reply. It mirrors bucketLua line for line.
+// state and the reply. It mirrors bucketLua step for step.
 func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now int64) (state, Result) {
 	stale := false
 	if !exists {
@@ -97,26 +97,8 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now int64) 
 	var granted, delay, retry int64
 	switch op {
 	case OpLease:
-		switch {
-		case stale:
-		case st.level >= r.N:
-			granted = r.N
-		case st.level >= r.Min:
-			granted = st.level
-		default:
-			d := st.waitFor(st.level-r.N, 0)
-			dNeed := st.waitFor(st.level-r.Need, 0)
-			maxDelay := int64(r.MaxDelay / time.Microsecond)
-			switch {
-			case maxDelay > 0 && d <= maxDelay:
-				granted, delay = r.N, d
-			case st.level >= r.Need:
-				granted = st.level
-			case maxDelay > 0 && dNeed <= maxDelay:
-				granted, delay = r.Need, dNeed
-			default:
-				retry = dNeed
-			}
+		if !stale {
+			granted, delay, retry = st.lease(r)
 		}
 		st.level -= granted
 	case OpReturn:
@@ -139,6 +121,31 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now int64) 
 		Stale:      stale,
 		Created:    !exists,
 	}
+}
+
+// lease decides a lease on the refilled bucket: n if there, else the level
+// if at least min, else n future-dated within maxdelay, else the level if
+// it covers need, else need future-dated, else a refusal with the wait for
+// need (all in µs). The lease branch of bucketLua.
+func (st *state) lease(r *Request) (granted, delay, retry int64) {
+	switch {
+	case st.level >= r.N:
+		return r.N, 0, 0
+	case st.level >= r.Min:
+		return st.level, 0, 0
+	}
+	d := st.waitFor(st.level-r.N, 0)
+	dNeed := st.waitFor(st.level-r.Need, 0)
+	maxDelay := int64(r.MaxDelay / time.Microsecond)
+	switch {
+	case maxDelay > 0 && d <= maxDelay:
+		return r.N, d, 0
+	case st.level >= r.Need:
+		return st.level, 0, 0
+	case maxDelay > 0 && dNeed <= maxDelay:
+		return r.Need, dNeed, 0
+	}
+	return 0, 0, dNeed
 }
 
 // ttl is how long a bucket key lives after a write: time to full plus a
