@@ -234,10 +234,7 @@ func (s *Store) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []
 		return nil
 	})
 	if out == nil {
-		out = make([]remote.Reply, len(rs))
-		for i := range out {
-			out[i].Err = err
-		}
+		out = remote.FailedReplies(len(rs), err)
 	}
 	return out
 }

@@ -47,7 +47,7 @@ func (f *flaky) Debit(ctx context.Context, r remote.Request) (remote.Result, err
 
 func (f *flaky) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
 	if f.down.Load() {
-		return failAll(len(rs), f.err())
+		return remote.FailedReplies(len(rs), f.err())
 	}
 	out := f.Store.Batch(ctx, op, rs)
 	for i, r := range out {
@@ -148,13 +148,4 @@ func TestOutageModes(t *testing.T) {
 			}
 		})
 	}
-}
-
-// failAll is the reply of a Batch of n requests that all failed with err.
-func failAll(n int, err error) []remote.Reply {
-	out := make([]remote.Reply, n)
-	for i := range out {
-		out[i].Err = err
-	}
-	return out
 }

@@ -2,12 +2,11 @@ package hybrid
 
 import (
 	"context"
-	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/leasehold/leasehold/internal/storetest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/stretchr/testify/require"
 )
@@ -27,7 +26,7 @@ func TestStaggeredRecovery(t *testing.T) {
 	stores := make([]*cuttable, 4)
 	lims := make([]*Limiter, 4)
 	for i := range lims {
-		stores[i] = &cuttable{RedisStore: remote.NewRedis(srv.Client(t))}
+		stores[i] = newCuttable(remote.NewRedis(srv.Client(t)))
 		l, err := New(stores[i], Policy{Name: "staggered", Limit: lim}, quiet,
 			WithHeartbeat(100*time.Millisecond, 300*time.Millisecond))
 		require.NoError(t, err)
@@ -39,13 +38,13 @@ func TestStaggeredRecovery(t *testing.T) {
 	tl := offer(ctx, lims, 500, "staggered")
 	time.Sleep(2 * time.Second)
 	for _, s := range stores {
-		s.down.Store(true)
+		s.Down.Store(true)
 	}
 	time.Sleep(3 * time.Second)
-	stores[0].down.Store(false)
+	stores[0].Down.Store(false)
 	time.Sleep(2 * time.Second)
 	for _, s := range stores[1:] {
-		s.down.Store(false)
+		s.Down.Store(false)
 	}
 	time.Sleep(5 * time.Second)
 	cancel()
@@ -65,50 +64,36 @@ func TestStaggeredRecovery(t *testing.T) {
 // cuttable is a RedisStore (fleet and policies included) that one process
 // can lose while the others keep it: a network partition.
 type cuttable struct {
-	*remote.RedisStore
-	down atomic.Bool
+	storetest.Cut
+	redis *remote.RedisStore
 }
 
-var errCut = errors.Join(remote.ErrUnavailable, remote.ErrUnreachable, errors.New("cut off"))
-
-func (c *cuttable) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
-	if c.down.Load() {
-		return remote.Result{}, errCut
-	}
-	return c.RedisStore.Lease(ctx, r)
-}
-
-func (c *cuttable) Return(ctx context.Context, r remote.Request) (remote.Result, error) {
-	if c.down.Load() {
-		return remote.Result{}, errCut
-	}
-	return c.RedisStore.Return(ctx, r)
-}
-
-func (c *cuttable) Debit(ctx context.Context, r remote.Request) (remote.Result, error) {
-	if c.down.Load() {
-		return remote.Result{}, errCut
-	}
-	return c.RedisStore.Debit(ctx, r)
-}
-
-func (c *cuttable) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
-	if c.down.Load() {
-		return failAll(len(rs), errCut)
-	}
-	return c.RedisStore.Batch(ctx, op, rs)
+func newCuttable(s *remote.RedisStore) *cuttable {
+	return &cuttable{Cut: storetest.Cut{Store: s}, redis: s}
 }
 
 func (c *cuttable) Heartbeat(ctx context.Context, prefix, policy, member string, expiry time.Duration) (int, error) {
-	if c.down.Load() {
-		return 0, errCut
+	if c.Down.Load() {
+		return 0, storetest.ErrCut
 	}
-	return c.RedisStore.Heartbeat(ctx, prefix, policy, member, expiry)
+	return c.redis.Heartbeat(ctx, prefix, policy, member, expiry)
+}
+
+func (c *cuttable) Leave(ctx context.Context, prefix, policy, member string) error {
+	return c.redis.Leave(ctx, prefix, policy, member)
 }
 
 func (c *cuttable) GetPolicy(ctx context.Context, prefix, name string) (remote.PolicyRecord, bool, error) {
-	if c.down.Load() {
-		return remote.PolicyRecord{}, false, errCut
+	if c.Down.Load() {
+		return remote.PolicyRecord{}, false, storetest.ErrCut
 	}
-	return c.RedisStore.GetPolicy(ctx, prefix, name)
+	return c.redis.GetPolicy(ctx, prefix, name)
+}
+
+func (c *cuttable) SetPolicy(ctx context.Context, prefix, name string, rec remote.PolicyRecord) (remote.PolicyRecord, bool, error) {
+	return c.redis.SetPolicy(ctx, prefix, name, rec)
+}
+
+func (c *cuttable) WatchPolicy(ctx context.Context, prefix, name string, changed func()) (func(), error) {
+	return c.redis.WatchPolicy(ctx, prefix, name, changed)
 }

@@ -142,6 +142,16 @@ type Reply struct {
 	Err error
 }
 
+// FailedReplies is the answer of a Batch of n requests that all failed
+// with err, for stores (and wrappers) that fail a batch as a whole.
+func FailedReplies(n int, err error) []Reply {
+	out := make([]Reply, n)
+	for i := range out {
+		out[i].Err = err
+	}
+	return out
+}
+
 // Store is a shared token-bucket budget. Implementations are safe for
 // concurrent use; every call is atomic per bucket and reads the store's own
 // clock.

@@ -412,11 +412,7 @@ func (f *faultStore) Debit(ctx context.Context, r remote.Request) (remote.Result
 
 func (f *faultStore) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
 	if err := f.gate(); err != nil {
-		out := make([]remote.Reply, len(rs))
-		for i := range out {
-			out[i].Err = err
-		}
-		return out
+		return remote.FailedReplies(len(rs), err)
 	}
 	return f.mem.Batch(ctx, op, rs)
 }

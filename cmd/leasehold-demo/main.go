@@ -30,6 +30,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/hybrid/httplimit"
+	"github.com/leasehold/leasehold/internal/storetest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/redis/go-redis/v9"
 )
@@ -80,7 +81,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- stri
 		return err
 	}
 	defer cleanup()
-	store := &switchable{Store: remote.NewRedis(rdb)}
+	// The page's button cuts the store off, as a partition would.
+	store := &storetest.Cut{Store: remote.NewRedis(rdb)}
 	lim, err := hybrid.New(store, hybrid.Policy{Name: "demo", Limit: hybrid.PerSecond(int64(o.rate))},
 		hybrid.WithLogger(slog.New(slog.NewTextHandler(stderr, nil))), hybrid.WithFleetSize(1))
 	if err != nil {

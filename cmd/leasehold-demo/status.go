@@ -4,56 +4,13 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/leasehold/leasehold/hybrid"
-	"github.com/leasehold/leasehold/remote"
+	"github.com/leasehold/leasehold/internal/storetest"
 )
-
-// switchable is the store with a switch: while cut, every call fails as a
-// dead Redis's would.
-type switchable struct {
-	remote.Store
-	cut atomic.Bool
-}
-
-var errCut = errors.Join(remote.ErrUnavailable, remote.ErrUnreachable, errors.New("demo: store cut off"))
-
-func (s *switchable) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
-	if s.cut.Load() {
-		return remote.Result{}, errCut
-	}
-	return s.Store.Lease(ctx, r)
-}
-
-func (s *switchable) Return(ctx context.Context, r remote.Request) (remote.Result, error) {
-	if s.cut.Load() {
-		return remote.Result{}, errCut
-	}
-	return s.Store.Return(ctx, r)
-}
-
-func (s *switchable) Debit(ctx context.Context, r remote.Request) (remote.Result, error) {
-	if s.cut.Load() {
-		return remote.Result{}, errCut
-	}
-	return s.Store.Debit(ctx, r)
-}
-
-func (s *switchable) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
-	if s.cut.Load() {
-		out := make([]remote.Reply, len(rs))
-		for i := range out {
-			out[i].Err = errCut
-		}
-		return out
-	}
-	return s.Store.Batch(ctx, op, rs)
-}
 
 // second is one second of the status history.
 type second struct {
@@ -78,14 +35,14 @@ type statusReport struct {
 // status samples the limiter's Stats once a second for the page.
 type status struct {
 	lim   *hybrid.Limiter
-	store *switchable
+	store *storetest.Cut
 	mu    struct {
 		sync.Mutex
 		history []second // the last 60
 	}
 }
 
-func newStatus(lim *hybrid.Limiter, store *switchable) *status {
+func newStatus(lim *hybrid.Limiter, store *storetest.Cut) *status {
 	return &status{lim: lim, store: store}
 }
 
@@ -101,7 +58,7 @@ func (s *status) sample(ctx context.Context) {
 			cur := s.lim.Stats()
 			sec := second{At: now, Admitted: cur.Admitted - prev.Admitted, Rejected: cur.Rejected - prev.Rejected,
 				Degraded: cur.Source(hybrid.SourceDegraded).Admitted - prev.Source(hybrid.SourceDegraded).Admitted,
-				Mode:     cur.Mode.String(), Cut: s.store.cut.Load()}
+				Mode:     cur.Mode.String(), Cut: s.store.Down.Load()}
 			prev = cur
 			s.mu.Lock()
 			s.mu.history = append(s.mu.history, sec)
@@ -121,13 +78,13 @@ func (s *status) outages(ctx context.Context, every, length time.Duration) {
 			return
 		case <-time.After(every - length):
 		}
-		s.store.cut.Store(true)
+		s.store.Down.Store(true)
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(length):
 		}
-		s.store.cut.Store(false)
+		s.store.Down.Store(false)
 	}
 }
 
@@ -137,7 +94,7 @@ func (s *status) report() statusReport {
 	hist := append([]second(nil), s.mu.history...)
 	s.mu.Unlock()
 	return statusReport{Mode: st.Mode.String(), FleetSize: st.FleetSize, Limit: s.lim.Policy().Limit.String() + " per tenant",
-		StoreCut: s.store.cut.Load(), StoreCalls: st.StoreCalls, Seconds: hist}
+		StoreCut: s.store.Down.Load(), StoreCalls: st.StoreCalls, Seconds: hist}
 }
 
 func (s *status) serveJSON(w http.ResponseWriter, _ *http.Request) {
@@ -152,8 +109,8 @@ func (s *status) toggle(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for {
-		old := s.store.cut.Load()
-		if s.store.cut.CompareAndSwap(old, !old) {
+		old := s.store.Down.Load()
+		if s.store.Down.CompareAndSwap(old, !old) {
 			break
 		}
 	}
