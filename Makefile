@@ -37,12 +37,17 @@ redis:
 		exit 1; \
 	fi
 
-# Benchmarks: the hybrid fast path against x/time/rate (./hybrid), the local
-# GCRA (./local), and, in the benchmarks module, hybrid against redis_rate and
-# x/time/rate on a real Redis.
+# Benchmarks: the hybrid fast path (./hybrid), the local GCRA (./local),
+# then the benchmarks module: hybrid, redis_rate and x/time/rate on one real
+# Redis, every workload and concurrency, written in benchstat format (with
+# the machine it ran on) to benchmarks/results/latest.txt.
 bench: redis
 	$(GO) test -run '^$$' -bench . -benchmem ./local/ ./hybrid/
-	cd benchmarks && $(GO) test -run '^$$' -bench . -benchmem ./...
+	mkdir -p benchmarks/results
+	{ echo "date: $$(date -u +%Y-%m-%dT%H:%MZ)"; echo "commit: $$(git rev-parse --short HEAD 2>/dev/null)"; \
+	  echo "cores: $$(nproc)"; echo "go: $$($(GO) env GOVERSION)"; echo "redis: $$(redis-server --version | cut -d' ' -f3)"; \
+	  cd benchmarks && $(GO) test -run '^$$' -bench . -benchmem -timeout 30m .; } | tee benchmarks/results/latest.txt.tmp
+	mv benchmarks/results/latest.txt.tmp benchmarks/results/latest.txt
 
 sim:
 	$(GO) run ./sim

@@ -34,6 +34,9 @@ type RedisStore struct {
 	// reload asks a Cluster client to refresh its slot map; nil for other
 	// clients or when WithClusterReload(false).
 	reload func()
+	// ap coalesces concurrent calls into pipelines; nil when
+	// WithAutoPipeline(false) or the client has none.
+	ap *redis.AutoPipeliner
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -41,7 +44,7 @@ var _ Store = (*RedisStore)(nil)
 // RedisOption configures a RedisStore.
 type RedisOption interface{ apply(*redisConfig) }
 
-type redisConfig struct{ clusterReload bool }
+type redisConfig struct{ clusterReload, autoPipeline bool }
 
 type redisOptionFunc func(*redisConfig)
 
@@ -58,15 +61,34 @@ func WithClusterReload(on bool) RedisOption {
 	return redisOptionFunc(func(c *redisConfig) { c.clusterReload = on })
 }
 
+// WithAutoPipeline sets whether concurrent calls share round trips:
+// calls made while others are on the wire go out together as one
+// pipeline (go-redis's AsyncAutoPipeline, one per node on Cluster), so
+// many keys each needing a store call cost the server and the network far
+// less than one round trip each. Each call still honors its context: a
+// caller stops waiting at its deadline, though a command already queued
+// is still sent. The default is true; the client's AutoPipelineOptions,
+// if set, configure the pipeliner, which the client owns and shares.
+func WithAutoPipeline(on bool) RedisOption {
+	return redisOptionFunc(func(c *redisConfig) { c.autoPipeline = on })
+}
+
 // NewRedis returns a Store over c.
 func NewRedis(c redis.UniversalClient, opts ...RedisOption) *RedisStore {
-	cfg := redisConfig{clusterReload: true}
+	cfg := redisConfig{clusterReload: true, autoPipeline: true}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
 	s := &RedisStore{c: c}
 	if cc, ok := c.(*redis.ClusterClient); ok && cfg.clusterReload {
 		s.reload = func() { cc.ReloadState(context.Background()) }
+	}
+	if cfg.autoPipeline {
+		// A client that cannot build one (a closed client, a bad
+		// AutoPipelineOptions) still serves calls one by one.
+		if ap, err := c.AsyncAutoPipeline(); err == nil {
+			s.ap = ap
+		}
 	}
 	return s
 }
@@ -153,11 +175,29 @@ func (s *RedisStore) do(ctx context.Context, op Op, r Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	v, err := bucketScript.Run(ctx, s.c, []string{key}, args...).Result()
+	v, err := s.eval(ctx, key, args)
 	if err != nil {
 		return Result{}, s.failed(key, err)
 	}
 	return parseReply(key, v)
+}
+
+// eval runs bucketLua on key, through the autopipeliner when there is one,
+// and as EVAL when the server has lost the script.
+func (s *RedisStore) eval(ctx context.Context, key string, args []any) (any, error) {
+	if s.ap == nil {
+		return bucketScript.Run(ctx, s.c, []string{key}, args...).Result()
+	}
+	cmd := redis.NewCmd(ctx, append([]any{"evalsha", bucketScript.Hash(), 1, key}, args...)...)
+	err := s.ap.Submit(ctx, cmd).WaitContext(ctx)
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// EVAL caches the script again for the next EVALSHA.
+		return bucketScript.Eval(ctx, s.c, []string{key}, args...).Result()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return cmd.Result()
 }
 
 // failed classifies err and, when a node could not be reached, asks a

@@ -1,0 +1,259 @@
+package benchmarks
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// workload is a key distribution and the limit every key gets.
+type workload struct {
+	name  string
+	keys  int
+	zipf  bool
+	rate  float64 // tokens per second per key
+	burst int64
+}
+
+// Hot and uniform keys get a limit far above what a benchmark reaches, so
+// every decision is an admission and the figure is the cost of one. Zipf
+// keys get 10/s each, as a multi-tenant API would: the head of the
+// distribution is refused, the long tail is cold.
+var workloads = []workload{
+	{name: "hot", keys: 1, rate: 1e9, burst: 1e10},
+	{name: "uniform-1024", keys: 1024, rate: 1e9, burst: 1e10},
+	{name: "zipf-100000", keys: 100_000, zipf: true, rate: 10, burst: 10},
+}
+
+// keySet builds n distinct keys.
+func keySet(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "user-" + strconv.Itoa(100_000+i)
+	}
+	return keys
+}
+
+// sequence is the order in which keys are visited: a fixed pseudo-random
+// sequence (so every implementation sees the same one) that goroutines
+// walk from different offsets.
+func (w workload) sequence() []int32 {
+	const n = 1 << 20
+	seq := make([]int32, n)
+	r := rand.New(rand.NewSource(1))
+	var z *rand.Zipf
+	if w.zipf {
+		z = rand.NewZipf(r, 1.1, 1, uint64(w.keys-1))
+	}
+	for i := range seq {
+		switch {
+		case z != nil:
+			seq[i] = int32(z.Uint64())
+		default:
+			seq[i] = int32(r.Intn(w.keys))
+		}
+	}
+	return seq
+}
+
+// sampleEvery is how often a decision's latency is timed: timing each one
+// would cost more than a leased decision itself.
+const sampleEvery = 16
+
+// result is what one benchmark run measured besides ns/op.
+type result struct {
+	admitted atomic.Int64
+	mu       sync.Mutex
+	samples  []time.Duration
+}
+
+// drive calls decide b.N times from par goroutines, timing one decision in
+// sampleEvery, and reports admissions and latency percentiles.
+func drive(b *testing.B, par int, seq []int32, decide func(i int32) bool) *result {
+	res := &result{}
+	var next atomic.Int64
+	per := (b.N + par - 1) / par
+	var wg sync.WaitGroup
+	b.ReportAllocs()
+	b.ResetTimer()
+	for g := range par {
+		n := min(per, b.N-g*per)
+		if n <= 0 {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pos := int(next.Add(1)) * 7919
+			var admitted int64
+			samples := make([]time.Duration, 0, n/sampleEvery+1)
+			for i := range n {
+				k := seq[(pos+i)&(len(seq)-1)]
+				if i%sampleEvery == 0 {
+					start := time.Now()
+					ok := decide(k)
+					samples = append(samples, time.Since(start))
+					if ok {
+						admitted++
+					}
+					continue
+				}
+				if decide(k) {
+					admitted++
+				}
+			}
+			res.admitted.Add(admitted)
+			res.mu.Lock()
+			res.samples = append(res.samples, samples...)
+			res.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	return res
+}
+
+// report adds admissions and latency percentiles to b's metrics.
+func (r *result) report(b *testing.B) {
+	b.ReportMetric(float64(r.admitted.Load())/float64(b.N)*100, "%admitted")
+	if len(r.samples) == 0 {
+		return
+	}
+	slices.Sort(r.samples)
+	q := func(p float64) float64 {
+		return float64(r.samples[min(int(p*float64(len(r.samples))), len(r.samples)-1)].Nanoseconds())
+	}
+	b.ReportMetric(q(0.50), "p50-ns")
+	b.ReportMetric(q(0.99), "p99-ns")
+	b.ReportMetric(q(0.999), "p99.9-ns")
+}
+
+// counter is a go-redis hook that counts the commands a client sends,
+// pipelined or not: the store calls an implementation makes, on the wire.
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// redisCounters reads the server-side figure a benchmark charges to its
+// decisions: CPU seconds.
+type redisCounters struct {
+	cpu float64 // seconds, user + sys
+}
+
+func readRedis(ctx context.Context, c *redis.Client) (redisCounters, error) {
+	info, err := c.Info(ctx, "cpu").Result()
+	if err != nil {
+		return redisCounters{}, err
+	}
+	var rc redisCounters
+	for line := range strings.SplitSeq(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "used_cpu_user", "used_cpu_sys":
+			f, _ := strconv.ParseFloat(v, 64)
+			rc.cpu += f
+		}
+	}
+	return rc, nil
+}
+
+// meter charges the commands counted by calls (nil: none) and Redis CPU
+// to the decisions between start and report.
+type meter struct {
+	info   *redis.Client
+	calls  *counter
+	before redisCounters
+	sent   int64
+}
+
+func startMeter(b *testing.B, info *redis.Client, calls *counter) *meter {
+	rc, err := readRedis(context.Background(), info)
+	if err != nil {
+		b.Fatalf("INFO: %v", err)
+	}
+	m := &meter{info: info, calls: calls, before: rc}
+	if calls != nil {
+		m.sent = calls.n.Load()
+	}
+	return m
+}
+
+// report reports Redis calls and CPU per 1 000 decisions and returns the
+// calls.
+func (m *meter) report(b *testing.B, decisions int64) int64 {
+	after, err := readRedis(context.Background(), m.info)
+	if err != nil {
+		b.Fatalf("INFO: %v", err)
+	}
+	b.ReportMetric((after.cpu-m.before.cpu)*1e6/float64(decisions)*1000, "redis-cpu-us/1000")
+	if m.calls == nil {
+		return 0
+	}
+	calls := m.calls.n.Load() - m.sent
+	b.ReportMetric(float64(calls)/float64(decisions)*1000, "storecalls/1000")
+	return calls
+}
+
+// heapInUse is the live heap after a full collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// warm makes one decision on every key from several goroutines and
+// returns the heap it left behind.
+func warm(keys int, decide func(i int32) bool) float64 {
+	before := heapInUse()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(keys) {
+					return
+				}
+				decide(int32(i))
+			}
+		}()
+	}
+	wg.Wait()
+	after := heapInUse()
+	return float64(after) - float64(before)
+}
+
+func benchName(impl string, w workload, par int) string {
+	return fmt.Sprintf("impl=%s/workload=%s/goroutines=%d", impl, w.name, par)
+}
