@@ -10,7 +10,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # out of leasehold's go.mod.
 MODULES = benchmarks internal/faulttest sim contrib/prommetrics contrib/otelmetrics contrib/grpclimit
 # Modules whose tests make test runs besides the root's.
-TESTED = internal/faulttest sim contrib/prommetrics contrib/otelmetrics contrib/grpclimit
+TESTED = internal/faulttest sim contrib/prommetrics contrib/otelmetrics contrib/grpclimit benchmarks
 
 .PHONY: test redis lint bench sim fuzz soak
 
