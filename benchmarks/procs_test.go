@@ -42,6 +42,7 @@ type helperReport struct {
 	Decisions int64
 	Admitted  int64
 	Calls     int64           // commands sent to Redis
+	Leases    int64           // hybrid only: bucket calls (Stats.StoreCalls), without heartbeats and policy reads
 	Elapsed   time.Duration   // from the common start to this process's last decision
 	Samples   []time.Duration // one decision in sampleEvery
 }
@@ -94,11 +95,12 @@ func benchAtLimit(b *testing.B, srv *redistest.Server, impl string) {
 		}
 	}
 	var all result
-	var decisions, calls int64
+	var decisions, calls, leases int64
 	var elapsed time.Duration
 	for _, r := range reports {
 		decisions += r.Decisions
 		calls += r.Calls
+		leases += r.Leases
 		elapsed = max(elapsed, r.Elapsed)
 		all.admitted.Add(r.Admitted)
 		all.samples = append(all.samples, r.Samples...)
@@ -107,6 +109,9 @@ func benchAtLimit(b *testing.B, srv *redistest.Server, impl string) {
 	admitted := all.admitted.Load()
 	b.ReportMetric(float64(calls)/float64(decisions)*1000, "storecalls/1000")
 	b.ReportMetric(float64(calls)/float64(max(admitted, 1))*1000, "storecalls/1000admitted")
+	if leases > 0 {
+		b.ReportMetric(float64(leases)/float64(max(admitted, 1))*1000, "bucketcalls/1000admitted")
+	}
 	bound := atLimitBurst + atLimitRate*elapsed.Seconds()
 	b.ReportMetric(float64(admitted)/bound*100, "%utilization")
 	all.report(b)
@@ -143,6 +148,7 @@ func runHelper(impl string) error {
 	calls := &counter{}
 	c.AddHook(calls)
 	var decide func() bool
+	var leases func() int64
 	switch impl {
 	case "hybrid":
 		lim, err := hybrid.New(remote.NewRedis(c),
@@ -153,6 +159,7 @@ func runHelper(impl string) error {
 		}
 		defer lim.Close(ctx)
 		decide = func() bool { return lim.Allow(ctx, key) }
+		leases = func() int64 { return lim.Stats().StoreCalls }
 	case "redis_rate":
 		lim := redis_rate.NewLimiter(c)
 		l := redis_rate.Limit{Rate: atLimitRate, Period: time.Second, Burst: atLimitBurst}
@@ -200,6 +207,9 @@ func runHelper(impl string) error {
 	}
 	wg.Wait()
 	rep.Calls = calls.n.Load()
+	if leases != nil {
+		rep.Leases = leases()
+	}
 	rep.Elapsed = time.Since(time.Unix(0, startNs))
 	rep.Decisions, rep.Admitted = decisions.Load(), admitted.Load()
 	return json.NewEncoder(os.Stdout).Encode(rep)

@@ -153,6 +153,12 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, rou
 		return l.outage.decide(e, p, n, now), true, nil
 	}
 	until := e.pendingUntil.Load()
+	if until != 0 {
+		// Reserved tokens are on their way: the next are released then
+		// (a late release timer makes it a moment from now). Asking the
+		// store meanwhile would only queue a grant behind them.
+		until = max(until, now+1)
+	}
 	if n >= e.emptyFor.Load() {
 		// The cached refusal was for as many tokens or fewer: it holds
 		// for n too. A smaller request may fit and asks the store.

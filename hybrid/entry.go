@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/local"
 )
@@ -22,8 +21,8 @@ type entry struct {
 	refilling    atomic.Bool  // a background refill is running
 	emptyUntil   atomic.Int64 // mono ns: the store said empty until then...
 	emptyFor     atomic.Int64 // ...for requests of this many tokens or more
-	pendingUntil atomic.Int64 // mono ns: a reservation becomes spendable then
-	reserved     atomic.Int64 // tokens in pending reservations
+	pendingUntil atomic.Int64 // mono ns: a reservation's next tokens become spendable then; 0: none pending
+	reserved     atomic.Int64 // tokens in pending reservations, not yet spendable
 	resetAt      atomic.Int64 // mono ns: the bucket is full then (last answer)
 	level        atomic.Int64 // tokens in the bucket at the last answer; -1 before the first
 	levelAt      atomic.Int64 // mono ns of that answer
@@ -53,12 +52,6 @@ type entry struct {
 	// Owned by the key table's sweep, which runs one pass at a time.
 	seen       int64
 	idleSweeps int
-}
-
-type reservation struct {
-	n     int64
-	until int64 // mono ns
-	timer clock.Timer
 }
 
 func newEntry(key string) *entry {

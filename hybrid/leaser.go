@@ -13,6 +13,7 @@ import (
 	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/reconcile"
 	"github.com/leasehold/leasehold/remote"
+	"github.com/sony/gobreaker/v2"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -30,7 +31,9 @@ type leaser struct {
 	giveBack func(items ...reconcile.Item)
 	// held reports that decisions stay on the degraded share after an
 	// outage (outage.held): no refills then.
-	held    func() bool
+	held func() bool
+	// fleet is N, the processes sharing the policy (outage.size).
+	fleet   func() int
 	flights singleflight.Group // keyed by user key only
 	offset  clock.Offset
 	lastOK  atomic.Int64 // mono ns of the last successful store reply
@@ -65,10 +68,11 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now int64) int
 	return max(batch, need)
 }
 
-// refillAsync starts a background refill of e unless one is running or a
-// reservation is on its way. It runs about once per batch, not per request.
+// refillAsync starts a background refill of e unless one is running or
+// reservations still hold more than the low-water mark. It runs about once
+// per batch, not per request.
 func (ls *leaser) refillAsync(e *entry) {
-	if e.pendingUntil.Load() != 0 || e.refilling.Load() || ls.held() || !e.refilling.CompareAndSwap(false, true) {
+	if e.reserved.Load() > e.lowWater.Load() || e.refilling.Load() || ls.held() || !e.refilling.CompareAndSwap(false, true) {
 		return
 	}
 	if ls.bg.after(0, func() {
@@ -132,7 +136,14 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	if need > 0 && e.lease.Tokens() >= need {
 		return fetchOutcome{deposited: true, at: start}, nil
 	}
-	until := e.pendingUntil.Load()
+	var until int64
+	if until = e.pendingUntil.Load(); need > 0 && until != 0 {
+		// A caller waits for tokens a reservation releases soon; a
+		// refill asks for the grant after it.
+		until = max(until, start+1)
+	} else {
+		until = 0
+	}
 	if max(need, 1) >= e.emptyFor.Load() {
 		until = max(until, e.emptyUntil.Load()) // a refusal for as many or fewer tokens
 	}
@@ -169,7 +180,12 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 // on the key, not just the one that started the flight (the others joined
 // it and will take from it).
 func (ls *leaser) request(e *entry, p *policyState, need, now int64) remote.Request {
-	want := min(ls.sizeLease(e, p, max(need, e.waiting.Load()), now), p.Limit.Burst)
+	want := ls.sizeLease(e, p, max(need, e.waiting.Load()), now)
+	if share := ls.contendedShare(e, p); share > want {
+		want = share
+		e.lowWater.Store(share / 4)
+	}
+	want = min(want, p.Limit.Burst)
 	// A caller waits for this call: whatever covers its need is granted
 	// now. A background refill prefers a future-dated full lease (paced
 	// grants on a contended key) and takes the tail of the bucket only
@@ -180,6 +196,29 @@ func (ls *leaser) request(e *entry, p *policyState, need, now int64) remote.Requ
 	}
 	return remote.Request{Prefix: ls.cfg.prefix, Policy: p.Name, Key: e.key, Limit: p.Limit, Version: p.Version,
 		N: want, Min: minimum, Need: floor, MaxDelay: ls.cfg.maxDelay}
+}
+
+// contendedShare is the grant to ask for on a key at its limit (the last
+// answer left the bucket below one maximum lease, or tokens are reserved):
+// this process's fair share of the rate, Rate/N, over half the maximum
+// reservation. Released at the bucket's pace (see reservation), such a
+// grant keeps the bound in every window however large, so a key at its
+// limit costs about 2·N store calls per maximum reservation, not one per
+// maximum lease; half leaves room in the reservation horizon for every
+// process's next grant. 0 when the key is not contended, reservations are
+// off, or the store is not known healthy.
+func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
+	if ls.cfg.maxDelay <= 0 || ls.store.State() != gobreaker.StateClosed || ls.held() {
+		// A probe of a store that was down gets a plain lease: a long
+		// grant would fall due while the recovery hold still decides by
+		// the degraded share, and be spent on top of it.
+		return 0
+	}
+	if level := e.level.Load(); e.reserved.Load() == 0 && (level < 0 || level >= p.maxLease) {
+		return 0
+	}
+	n := int64(max(ls.fleet(), 1))
+	return p.Limit.TokensIn(ls.cfg.maxDelay/2) / n
 }
 
 // apply records a lease reply on e, received at now, for a request that
@@ -243,57 +282,6 @@ func (ls *leaser) deposit(e *entry, n, now int64) {
 	ls.giveBack(ls.returnItem(e.key, n))
 }
 
-// reserve holds a future-dated grant until it becomes spendable, then
-// deposits it. Until then the key rejects locally with the exact wait.
-func (ls *leaser) reserve(e *entry, n int64, delay time.Duration, now int64) {
-	if !ls.bg.enter() {
-		ls.giveBack(ls.returnItem(e.key, n))
-		return
-	}
-	ls.stats.tokensReserved.Add(n)
-	r := &reservation{n: n, until: now + int64(delay)}
-	e.mu.Lock()
-	e.mu.pending = append(e.mu.pending, r)
-	e.setPendingUntilLocked()
-	// Scheduled under e.mu: the callback takes e.mu, so it cannot run
-	// before r.timer is set (delay > 0, so it never runs inline).
-	r.timer = ls.cfg.clk.AfterFunc(delay, func() {
-		defer ls.bg.exit()
-		e.mu.Lock()
-		mine := e.removePendingLocked(r)
-		e.mu.Unlock()
-		if mine {
-			ls.deposit(e, n, ls.cfg.now())
-		}
-	})
-	e.mu.Unlock()
-}
-
-// removePendingLocked drops r from the pending list and reports whether it
-// was there (false once Close or eviction took it).
-func (e *entry) removePendingLocked(r *reservation) bool {
-	for i, x := range e.mu.pending {
-		if x == r {
-			e.mu.pending = append(e.mu.pending[:i], e.mu.pending[i+1:]...)
-			e.setPendingUntilLocked()
-			return true
-		}
-	}
-	return false
-}
-
-// setPendingUntilLocked publishes the pending list's latest deadline and
-// token count for lock-free readers (the slow path, Stats).
-func (e *entry) setPendingUntilLocked() {
-	var until, n int64
-	for _, r := range e.mu.pending {
-		until = max(until, r.until)
-		n += r.n
-	}
-	e.pendingUntil.Store(until)
-	e.reserved.Store(n)
-}
-
 // release closes e's lease and cancels its reservations, returning the
 // settlements that give their tokens back.
 func (ls *leaser) release(e *entry) []reconcile.Item {
@@ -302,22 +290,32 @@ func (ls *leaser) release(e *entry) []reconcile.Item {
 		e.drained.Add(n)
 		out = append(out, ls.returnItem(e.key, n))
 	}
-	e.mu.Lock()
-	rs := e.mu.pending
-	e.mu.pending = nil
-	e.setPendingUntilLocked()
-	e.mu.Unlock()
-	var n int64
-	for _, r := range rs {
-		n += r.n
-		if r.timer.Stop() {
-			ls.bg.exit() // the callback will never run
-		}
-	}
-	if n > 0 {
+	if n := ls.cancelReservations(e); n > 0 {
 		out = append(out, ls.returnItem(e.key, n))
 	}
 	return out
+}
+
+// cancelReservations cancels e's reservations and returns how many tokens
+// they had not released.
+func (ls *leaser) cancelReservations(e *entry) int64 {
+	e.mu.Lock()
+	rs := e.mu.pending
+	e.mu.pending = nil
+	e.setPendingLocked()
+	timers := make([]clock.Timer, len(rs))
+	for i, r := range rs {
+		timers[i] = r.timer // read under e.mu: a firing callback re-arms it
+	}
+	e.mu.Unlock()
+	var n int64
+	for i, r := range rs {
+		n += r.n - r.delivered
+		if timers[i].Stop() {
+			ls.bg.exit() // no callback will run; a running one finds r gone and exits
+		}
+	}
+	return n
 }
 
 // drainExpired takes back e's lease if it expired at or before now.

@@ -74,7 +74,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	l.outage = newOutage(&l.cfg, &l.stats, bs, fmt.Sprintf("%016x", rng.uint64()))
 	l.modes = newModeTracker(bs)
 	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, giveBack: l.settleLater,
-		held: func() bool { return l.outage.held(l.cfg.now()) }}
+		held: func() bool { return l.outage.held(l.cfg.now()) }, fleet: l.outage.size}
 	l.start()
 	return l, nil
 }

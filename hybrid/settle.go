@@ -133,6 +133,11 @@ func (l *Limiter) checkMode() {
 	case !t.changed():
 	case t.to == ModeDegraded:
 		l.outage.began()
+		// Reserved tokens fall due during the outage, which the degraded
+		// share already covers: spending them, or giving them back once
+		// the store answers (after the outage's debt is charged), would
+		// count those tokens twice. They are dropped.
+		l.keys.each(func(e *entry) { l.stats.tokensDropped.Add(l.leaser.cancelReservations(e)) })
 	case t.from == ModeDegraded:
 		if l.outage.ended(l.cfg.now()) {
 			l.bg.after(0, l.holdBeat)

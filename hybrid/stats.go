@@ -24,6 +24,10 @@ type Stats struct {
 	TokensReturned int64
 	// TokensReserved counts tokens granted future-dated.
 	TokensReserved int64
+	// TokensDropped counts reserved tokens not yet released when an
+	// outage began: they fall due during the outage, which the degraded
+	// share covers, so they are neither spent nor given back.
+	TokensDropped int64
 	// TokensDebited counts tokens admitted during outages and charged to
 	// the store afterwards.
 	TokensDebited int64
@@ -81,6 +85,7 @@ type counters struct {
 	storeErrors    atomic.Int64
 	tokensLeased   atomic.Int64
 	tokensReturned atomic.Int64
+	tokensDropped  atomic.Int64
 	tokensReserved atomic.Int64
 	tokensDebited  atomic.Int64
 	leaseGrants    atomic.Int64 // Lease replies that granted tokens
@@ -106,6 +111,7 @@ func (l *Limiter) Stats() Stats {
 		StoreErrors:    l.stats.storeErrors.Load(),
 		TokensLeased:   l.stats.tokensLeased.Load(),
 		TokensReturned: l.stats.tokensReturned.Load(),
+		TokensDropped:  l.stats.tokensDropped.Load(),
 		TokensReserved: l.stats.tokensReserved.Load(),
 		TokensDebited:  l.stats.tokensDebited.Load(),
 		KeysTracked:    l.keys.len(),

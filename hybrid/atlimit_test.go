@@ -1,0 +1,132 @@
+package hybrid
+
+import (
+	"context"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// admission is when one admitted decision was asked for and answered: the
+// decision happened somewhere in between.
+type admission struct{ asked, answered time.Time }
+
+// spin runs g goroutines per limiter calling Allow on key for d and
+// returns every admission, and the admissions per limiter.
+func spin(lims []*Limiter, g int, d time.Duration, key string) ([]admission, []int64) {
+	var mu sync.Mutex
+	var all []admission
+	per := make([]int64, len(lims))
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for i, l := range lims {
+		for range g {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx := context.Background()
+				var mine []admission
+				for !stop.Load() {
+					asked := time.Now()
+					if l.Allow(ctx, key) {
+						mine = append(mine, admission{asked, time.Now()})
+						continue
+					}
+					runtime.Gosched() // a refused client goes away
+				}
+				mu.Lock()
+				all = append(all, mine...)
+				per[i] += int64(len(mine))
+				mu.Unlock()
+			}()
+		}
+	}
+	time.Sleep(d) // the load runs for a fixed real duration
+	stop.Store(true)
+	wg.Wait()
+	return all, per
+}
+
+// worstWindow checks every window spanned by two admissions against
+// Burst + Rate·w and returns the largest excess (≤ 0: none over). The
+// window given to admissions i..j (sorted by when they were asked) runs
+// from the first one's asking to the latest answer among them, the
+// longest it can be, so scheduling delays between a decision and the
+// clock reads never show as an excess.
+func worstWindow(adm []admission, lim Limit) (excess int64, at time.Duration) {
+	slices.SortFunc(adm, func(a, b admission) int { return a.asked.Compare(b.asked) })
+	excess = -lim.Burst
+	for i := range adm {
+		last := adm[i].answered
+		for j := i; j < len(adm); j++ {
+			if adm[j].answered.After(last) {
+				last = adm[j].answered
+			}
+			w := last.Sub(adm[i].asked)
+			if e := int64(j-i+1) - lim.Burst - lim.TokensIn(w); e > excess {
+				excess, at = e, adm[i].asked.Sub(adm[0].asked)
+			}
+		}
+	}
+	return excess, at
+}
+
+// TestKeyAtItsLimit: 4 limiters with their own clients, 16 goroutines
+// each, hammer one key of 2 000/s burst 200 for 6 s. Paced grants must
+// keep the bound in every window, use ≥ 95% of it, share it fairly, and
+// cost at most 10 store calls per 1 000 admitted (the at-limit target;
+// under the race detector, which starves the limiters' refills of CPU on
+// a small machine, at most 20).
+func TestKeyAtItsLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("6 s of load per case")
+	}
+	lim := Limit{Rate: 2000, Period: time.Second, Burst: 200}
+	for _, tc := range []struct {
+		name string
+		dial func(*testing.T) redis.UniversalClient
+		key  string
+	}{
+		{"standalone", standaloneDial, "tenant-at-limit"},
+		{"cluster", clusterDial, "tenant:{9}:at-limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := Policy{Name: "atlimit-" + tc.name + strconv.FormatInt(time.Now().UnixNano(), 36), Limit: lim}
+			lims := newFleet(t, 4, p, tc.dial)
+			start := time.Now()
+			adm, per := spin(lims, 16, 6*time.Second, tc.key)
+			elapsed := time.Since(start)
+			s := fleetStats(lims)
+			got, bound := int64(len(adm)), lim.Burst+lim.TokensIn(elapsed)
+			perK := 1000 * float64(s.StoreCalls) / float64(got)
+			excess, at := worstWindow(adm, lim)
+			t.Logf("%s: admitted %d of bound %d (%.1f%%), per limiter %v, %d store calls = %.1f per 1000 admitted, worst window %+d tokens vs its bound (at %v)",
+				tc.name, got, bound, 100*float64(got)/float64(bound), per, s.StoreCalls, perK, excess, at.Round(time.Millisecond))
+			if excess > 0 {
+				t.Fatalf("a window admitted %d more than Burst + Rate·w", excess)
+			}
+			if float64(got) < 0.95*float64(bound) {
+				t.Fatalf("admitted %d < 95%% of bound %d", got, bound)
+			}
+			mean := float64(got) / float64(len(per))
+			for i, n := range per {
+				if float64(n) < 0.7*mean {
+					t.Fatalf("limiter %d admitted %d, under 70%% of the mean %.0f: unfair", i, n, mean)
+				}
+			}
+			want := 10.0
+			if raceEnabled {
+				want = 20
+			}
+			if perK > want {
+				t.Fatalf("%.1f store calls per 1000 admitted, want ≤ %.0f", perK, want)
+			}
+		})
+	}
+}
