@@ -17,13 +17,16 @@ import (
 // decision happened somewhere in between.
 type admission struct{ asked, answered time.Time }
 
-// spin runs g goroutines per limiter calling Allow on key for d and
-// returns every admission, and the admissions per limiter.
-func spin(lims []*Limiter, g int, d time.Duration, key string) ([]admission, []int64) {
+// spin runs g goroutines per limiter calling AllowN on key for d and
+// returns every admission the store granted, the admissions per limiter,
+// and those decided by the degraded share because the store was too slow
+// (see TestExactBoundUnderLoad).
+func spin(lims []*Limiter, g int, d time.Duration, key string) ([]admission, []int64, int64) {
 	var mu sync.Mutex
 	var all []admission
 	per := make([]int64, len(lims))
 	var stop atomic.Bool
+	var degraded atomic.Int64
 	var wg sync.WaitGroup
 	for i, l := range lims {
 		for range g {
@@ -34,7 +37,11 @@ func spin(lims []*Limiter, g int, d time.Duration, key string) ([]admission, []i
 				var mine []admission
 				for !stop.Load() {
 					asked := time.Now()
-					if l.Allow(ctx, key) {
+					if d, _ := l.AllowN(ctx, key, 1); d.Allowed {
+						if d.Source == SourceDegraded {
+							degraded.Add(1)
+							continue
+						}
 						mine = append(mine, admission{asked, time.Now()})
 						continue
 					}
@@ -50,7 +57,7 @@ func spin(lims []*Limiter, g int, d time.Duration, key string) ([]admission, []i
 	time.Sleep(d) // the load runs for a fixed real duration
 	stop.Store(true)
 	wg.Wait()
-	return all, per
+	return all, per, degraded.Load()
 }
 
 // worstWindow checks every window spanned by two admissions against
@@ -100,14 +107,17 @@ func TestKeyAtItsLimit(t *testing.T) {
 			p := Policy{Name: "atlimit-" + tc.name + strconv.FormatInt(time.Now().UnixNano(), 36), Limit: lim}
 			lims := newFleet(t, 4, p, tc.dial)
 			start := time.Now()
-			adm, per := spin(lims, 16, 6*time.Second, tc.key)
+			adm, per, degraded := spin(lims, 16, 6*time.Second, tc.key)
 			elapsed := time.Since(start)
 			s := fleetStats(lims)
 			got, bound := int64(len(adm)), lim.Burst+lim.TokensIn(elapsed)
 			perK := 1000 * float64(s.StoreCalls) / float64(got)
 			excess, at := worstWindow(adm, lim)
-			t.Logf("%s: admitted %d of bound %d (%.1f%%), per limiter %v, %d store calls = %.1f per 1000 admitted, worst window %+d tokens vs its bound (at %v)",
-				tc.name, got, bound, 100*float64(got)/float64(bound), per, s.StoreCalls, perK, excess, at.Round(time.Millisecond))
+			t.Logf("%s: admitted %d of bound %d (%.1f%%), per limiter %v, %d store calls = %.1f per 1000 admitted, worst window %+d tokens vs its bound (at %v); %d more decided by the degraded share",
+				tc.name, got, bound, 100*float64(got)/float64(bound), per, s.StoreCalls, perK, excess, at.Round(time.Millisecond), degraded)
+			if degraded > got/100 {
+				t.Fatalf("%d decided by the degraded share: the store was too slow for over 1%%", degraded)
+			}
 			if excess > 0 {
 				t.Fatalf("a window admitted %d more than Burst + Rate·w", excess)
 			}

@@ -28,7 +28,7 @@ func hotLimiter(tb testing.TB) *Limiter {
 	// Stand in for a lease the store granted: the bench must not depend
 	// on refill timing.
 	e.lease.Add(1<<40, int64(time.Hour))
-	e.added.Add(1 << 40)
+	e.inflow.Add(1 << 40)
 	e.lowWater.Store(0)
 	return l
 }

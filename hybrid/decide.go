@@ -24,8 +24,7 @@ const maxStoreRounds = 3
 func (l *Limiter) Allow(ctx context.Context, key string) bool {
 	// The lookup and spend are inlined (no call on a leased key): each
 	// extra call measurably slows BenchmarkAllow.
-	if v, ok := l.keys.entries.Load(key); ok {
-		e := v.(*entry)
+	if e := l.keys.entries.load(key); e != nil {
 		if ok, low, _ := e.spend(1); ok {
 			if low {
 				l.leaser.refillAsync(e)
@@ -44,8 +43,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 // bucket whose Redis key holds data leasehold did not write
 // (remote.ErrCorruptState).
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
-	if v, ok := l.keys.entries.Load(key); ok && n > 0 {
-		e := v.(*entry)
+	if e := l.keys.entries.load(key); e != nil && n > 0 {
 		if ok, low, left := e.spend(n); ok {
 			if low {
 				l.leaser.refillAsync(e)
@@ -152,14 +150,14 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, rou
 		l.leaser.refillAsync(e)
 		return l.outage.decide(e, p, n, now), true, nil
 	}
-	until := e.pendingUntil.Load()
+	until := e.pendingUntil()
 	if until != 0 {
 		// Reserved tokens are on their way: the next are released then
 		// (a late release timer makes it a moment from now). Asking the
 		// store meanwhile would only queue a grant behind them.
 		until = max(until, now+1)
 	}
-	if n >= e.emptyFor.Load() {
+	if e.emptyForAtMost(n) {
 		// The cached refusal was for as many tokens or fewer: it holds
 		// for n too. A smaller request may fit and asks the store.
 		until = max(until, e.emptyUntil.Load())

@@ -11,48 +11,108 @@ import (
 )
 
 // entry is the local state of one key, shared by the concerns that act on
-// it (key table, leaser, outage). The first fields are the hot path's and
-// are only touched atomically; the rest are for the slow paths.
+// it (key table, leaser, outage). Every tracked key has one, so it is kept
+// to 160 bytes (TestEntrySize): what only contended keys, outages and
+// corrupt buckets need lives in rareState, allocated on first use. The
+// first fields are the hot path's and are only touched atomically.
 type entry struct {
 	lease    lease.Cell
 	admits   atomic.Int64 // decisions admitted from the lease
-	lowWater atomic.Int64 // refill in the background below this many tokens
+	lowWater atomic.Int32 // refill in the background below this many tokens (clamped)
+	emptyFor atomic.Int32 // the store said empty for requests of this many tokens or more (clamped)...
 
-	refilling    atomic.Bool  // a background refill is running
-	emptyUntil   atomic.Int64 // mono ns: the store said empty until then...
-	emptyFor     atomic.Int64 // ...for requests of this many tokens or more
+	emptyUntil atomic.Int64 // ...until then (mono ns)
+	resetAt    atomic.Int64 // mono ns: the bucket is full then (last answer)
+	level      atomic.Int64 // tokens in the bucket at the last answer; -1 before the first
+	inflow     atomic.Int64 // tokens put into the lease less those taken out unspent
+	misses     atomic.Int64 // tokens asked for on the slow path
+	waiting    atomic.Int64 // tokens wanted by callers waiting on a store call
+	callSince  atomic.Int64 // mono ns + 1 when the store call in flight began; 0: none
+	refilling  atomic.Bool  // a background refill is running
+
+	// sweepMark is owned by the key table's sweep, which runs one pass at
+	// a time: see idleSweep.
+	sweepMark uint32
+
+	rare atomic.Pointer[rareState]
+	key  string
+
+	mu     sync.Mutex
+	demand demand // under mu
+}
+
+// rareState is the part of an entry that most keys never need.
+type rareState struct {
 	pendingUntil atomic.Int64 // mono ns: a reservation's next tokens become spendable then; 0: none pending
 	reserved     atomic.Int64 // tokens in pending reservations, not yet spendable
-	resetAt      atomic.Int64 // mono ns: the bucket is full then (last answer)
-	level        atomic.Int64 // tokens in the bucket at the last answer; -1 before the first
-	levelAt      atomic.Int64 // mono ns of that answer
-	added        atomic.Int64 // tokens put into the lease
-	drained      atomic.Int64 // tokens taken out of the lease unspent
-	misses       atomic.Int64 // tokens asked for on the slow path
 	debt         atomic.Int64 // tokens admitted in degraded mode, not yet charged
-	waiting      atomic.Int64 // tokens wanted by callers waiting on a store call
-	callSince    atomic.Int64 // mono ns + 1 when the store call in flight began; 0: none
+	corruptUntil atomic.Int64 // mono ns: repeat corrupt until then
 
-	key string
-
-	mu struct {
-		sync.Mutex
-		demand   demand
-		pending  []*reservation // future-dated grants not yet spendable
-		degraded *local.Bucket
-		share    local.Limit // the limit degraded was built for
-		corrupt  error       // the store's last ErrCorruptState for the key
-		// charged is the share deficit the last settlement charged, at
-		// chargedAt (mono ns); see outage.unpaid.
-		charged   int64
-		chargedAt int64
-	}
-	corruptUntil atomic.Int64 // mono ns: repeat mu.corrupt until then
-
-	// Owned by the key table's sweep, which runs one pass at a time.
-	seen       int64
-	idleSweeps int
+	// Under entry.mu.
+	pending  []*reservation // future-dated grants not yet all released
+	degraded *local.Bucket
+	share    local.Limit // the limit degraded was built for
+	corrupt  error       // the store's last ErrCorruptState for the key
+	// charged is the share deficit the last settlement charged, at
+	// chargedAt (mono ns); see outage.unpaid.
+	charged   int64
+	chargedAt int64
 }
+
+// extra returns e's rareState, allocating it on first use.
+func (e *entry) extra() *rareState {
+	if r := e.rare.Load(); r != nil {
+		return r
+	}
+	r := &rareState{}
+	if e.rare.CompareAndSwap(nil, r) {
+		return r
+	}
+	return e.rare.Load()
+}
+
+// pendingUntil returns when pending reservations next release tokens, 0
+// when none are pending.
+func (e *entry) pendingUntil() int64 {
+	if r := e.rare.Load(); r != nil {
+		return r.pendingUntil.Load()
+	}
+	return 0
+}
+
+// reserved returns the tokens pending reservations still hold.
+func (e *entry) reserved() int64 {
+	if r := e.rare.Load(); r != nil {
+		return r.reserved.Load()
+	}
+	return 0
+}
+
+// debt returns the tokens admitted in degraded mode not yet charged.
+func (e *entry) debt() int64 {
+	if r := e.rare.Load(); r != nil {
+		return r.debt.Load()
+	}
+	return 0
+}
+
+// takeDebt returns e's outage debt and clears it.
+func (e *entry) takeDebt() int64 {
+	if r := e.rare.Load(); r != nil {
+		return r.debt.Swap(0)
+	}
+	return 0
+}
+
+// setLowWater sets the low-water mark, clamped to the field.
+func (e *entry) setLowWater(n int64) { e.lowWater.Store(int32(min(n, math.MaxInt32))) }
+
+// setEmptyFor records the request size a cached refusal holds for,
+// clamped: a request of 2^31 tokens or more is refused like the largest.
+func (e *entry) setEmptyFor(n int64) { e.emptyFor.Store(int32(min(n, math.MaxInt32))) }
+
+// emptyForAtMost reports whether the cached refusal holds for n tokens.
+func (e *entry) emptyForAtMost(n int64) bool { return n >= int64(e.emptyFor.Load()) }
 
 func newEntry(key string) *entry {
 	e := &entry{key: key}
@@ -66,13 +126,21 @@ func newEntry(key string) *entry {
 func (e *entry) spend(n int64) (ok, low bool, left int64) {
 	if ok, left = e.lease.Take(n); ok {
 		e.admits.Add(1)
-		low = left < e.lowWater.Load()
+		low = left < int64(e.lowWater.Load())
 	}
 	return ok, low, left
 }
 
 func (e *entry) resetAfter(now int64) time.Duration {
 	return time.Duration(max(e.resetAt.Load()-now, 0))
+}
+
+// levelAt returns when the bucket held e.level tokens: the last answer
+// said it is full at resetAt, refilling from level at lim's rate. (A
+// bucket in debt answered a level of 0 with a later reset: the estimate
+// then refills from later than it could, which errs low.)
+func (e *entry) levelAt(lim Limit, level int64) int64 {
+	return e.resetAt.Load() - int64(lim.DurationFor(max(lim.Burst-level, 0)))
 }
 
 // remaining estimates what the fleet may still admit on e's key at now:
@@ -84,7 +152,7 @@ func (e *entry) remaining(lim Limit, left, now int64) int64 {
 	if level < 0 {
 		return left
 	}
-	level += lim.TokensIn(time.Duration(now - e.levelAt.Load()))
+	level += lim.TokensIn(time.Duration(max(now-e.levelAt(lim, level), 0)))
 	return max(min(level+left, lim.Burst), left)
 }
 
@@ -92,53 +160,75 @@ func (e *entry) remaining(lim Limit, left, now int64) int64 {
 // key and how long it stays cached, or nil: a clobbered bucket costs one
 // store call per lease TTL, not one per decision.
 func (e *entry) corruption(now int64) (time.Duration, error) {
-	until := e.corruptUntil.Load()
+	r := e.rare.Load()
+	if r == nil {
+		return 0, nil
+	}
+	until := r.corruptUntil.Load()
 	if now >= until {
 		return 0, nil
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return time.Duration(until - now), e.mu.corrupt
+	return time.Duration(until - now), r.corrupt
 }
 
 // setCorrupt caches err, an ErrCorruptState answer, until `until`.
 func (e *entry) setCorrupt(err error, until int64) {
+	r := e.extra()
 	e.mu.Lock()
-	e.mu.corrupt = err
+	r.corrupt = err
 	e.mu.Unlock()
-	e.corruptUntil.Store(until)
+	r.corruptUntil.Store(until)
 }
 
 // refund puts n tokens of a debit the store did not take back into the
 // outage debt, and out of what the share counts as charged.
 func (e *entry) refund(n int64) {
+	r := e.extra()
 	e.mu.Lock()
-	e.mu.charged = max(e.mu.charged-n, 0)
+	r.charged = max(r.charged-n, 0)
 	e.mu.Unlock()
-	e.debt.Add(n)
+	r.debt.Add(n)
 }
 
 // consumed is the tokens spent from the lease so far: every token that
 // entered the cell either was spent, was drained, or is still there.
 func (e *entry) consumed() int64 {
-	return e.added.Load() - e.drained.Load() - e.lease.Tokens()
+	return e.inflow.Load() - e.lease.Tokens()
+}
+
+// idleSweep records a sweep of e that saw activity count activity, or
+// found it busy, and returns for how many sweeps in a row e has been idle
+// (0: active since the last). The count and the activity's low 28 bits
+// share sweepMark: 4 bytes instead of 16 on every tracked key.
+func (e *entry) idleSweep(activity int64, busy bool) int {
+	const idleBits = 4 // counts to idleSweepsBeforeEvict
+	mark := uint32(activity) << idleBits
+	if busy || e.sweepMark>>idleBits != mark>>idleBits {
+		e.sweepMark = mark
+		return 0
+	}
+	idle := min(e.sweepMark&(1<<idleBits-1)+1, 1<<idleBits-1)
+	e.sweepMark = mark | idle
+	return int(idle)
 }
 
 // busy reports whether e holds anything that eviction would lose or that
 // is still changing: tokens, a reservation, a refill, outage debt or a
 // cached "empty until" answer.
 func (e *entry) busy(now int64) bool {
-	return e.lease.Tokens() > 0 || e.pendingUntil.Load() != 0 || e.refilling.Load() || e.debt.Load() != 0 ||
+	return e.lease.Tokens() > 0 || e.pendingUntil() != 0 || e.refilling.Load() || e.debt() != 0 ||
 		e.emptyUntil.Load() > now
 }
 
 // demand estimates a key's token demand per second: a fast-attack,
 // slow-decay average over samples at least minSample apart.
 type demand struct {
-	started bool
 	at      int64 // mono ns of the sample window start
 	base    int64 // count at the window start
-	rate    float64
+	rate    float32
+	started bool
 }
 
 const (
@@ -149,24 +239,24 @@ const (
 func (d *demand) observe(now, count int64) float64 {
 	if !d.started {
 		d.started, d.at, d.base = true, now, count
-		return d.rate
+		return float64(d.rate)
 	}
 	dt := now - d.at
 	if dt < int64(minSample) {
 		// Too soon for a sample, but a burst on a cold key must not wait
 		// for one: take it as a rate over the minimum window if that is
 		// higher (attack), and keep the window open.
-		if r := float64(count-d.base) / minSample.Seconds(); r > d.rate {
+		if r := float32(float64(count-d.base) / minSample.Seconds()); r > d.rate {
 			d.rate = r
 		}
-		return d.rate
+		return float64(d.rate)
 	}
 	r := float64(count-d.base) / (float64(dt) / 1e9)
-	if r > d.rate {
-		d.rate = r // attack at once: a batch too small costs round trips
+	if cur := float64(d.rate); r > cur {
+		d.rate = float32(r) // attack at once: a batch too small costs round trips
 	} else {
-		d.rate += (1 - math.Exp(-float64(dt)/float64(demandTau))) * (r - d.rate)
+		d.rate = float32(cur + (1-math.Exp(-float64(dt)/float64(demandTau)))*(r-cur))
 	}
 	d.at, d.base = now, count
-	return d.rate
+	return float64(d.rate)
 }

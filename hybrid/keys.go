@@ -16,7 +16,7 @@ const idleSweepsBeforeEvict = 8
 // they held.
 type keyTable struct {
 	max     int64
-	entries sync.Map // string -> *entry
+	entries entryMap
 	n       atomic.Int64
 	evictMu sync.Mutex // serializes makeRoom
 
@@ -26,10 +26,7 @@ type keyTable struct {
 
 // load returns key's entry, or nil: the hot path's lookup.
 func (t *keyTable) load(key string) *entry {
-	if v, ok := t.entries.Load(key); ok {
-		return v.(*entry)
-	}
-	return nil
+	return t.entries.load(key)
 }
 
 // getOrCreate returns key's entry, creating it if needed; making room
@@ -43,14 +40,14 @@ func (t *keyTable) getOrCreate(key string, closing func() bool, release func(*en
 		t.makeRoom(release)
 	}
 	e := newEntry(strings.Clone(key))
-	v, loaded := t.entries.LoadOrStore(e.key, e)
+	v, loaded := t.entries.loadOrStore(e)
 	if loaded {
 		t.n.Add(-1)
-		return v.(*entry)
+		return v
 	}
 	if closing() {
 		// Close may have finished its sweep before this insert.
-		if t.entries.CompareAndDelete(e.key, e) {
+		if t.entries.compareAndDelete(e) {
 			t.n.Add(-1)
 		}
 		return nil
@@ -60,8 +57,8 @@ func (t *keyTable) getOrCreate(key string, closing func() bool, release func(*en
 
 // each calls f on every entry.
 func (t *keyTable) each(f func(*entry)) {
-	t.entries.Range(func(_, v any) bool {
-		f(v.(*entry))
+	t.entries.each(func(e *entry) bool {
+		f(e)
 		return true
 	})
 }
@@ -69,8 +66,8 @@ func (t *keyTable) each(f func(*entry)) {
 // any reports whether f holds for some entry.
 func (t *keyTable) any(f func(*entry) bool) bool {
 	found := false
-	t.entries.Range(func(_, v any) bool {
-		found = f(v.(*entry))
+	t.entries.each(func(e *entry) bool {
+		found = f(e)
 		return !found
 	})
 	return found
@@ -81,7 +78,7 @@ func (t *keyTable) len() int64 { return max(t.n.Load(), 0) }
 
 // evict forgets e and reports whether this call did (false if it was gone).
 func (t *keyTable) evict(e *entry) bool {
-	if !t.entries.CompareAndDelete(e.key, e) {
+	if !t.entries.compareAndDelete(e) {
 		return false
 	}
 	t.n.Add(-1)
@@ -95,12 +92,7 @@ func (t *keyTable) evict(e *entry) bool {
 // idleSweepsBeforeEvict sweeps. It runs one pass at a time.
 func (t *keyTable) sweepIdle(now int64, release func(*entry)) {
 	t.each(func(e *entry) {
-		activity := e.admits.Load() + e.misses.Load()
-		if activity != e.seen || e.busy(now) {
-			e.seen, e.idleSweeps = activity, 0
-			return
-		}
-		if e.idleSweeps++; e.idleSweeps >= idleSweepsBeforeEvict && t.evict(e) {
+		if e.idleSweep(e.admits.Load()+e.misses.Load(), e.busy(now)) >= idleSweepsBeforeEvict && t.evict(e) {
 			release(e)
 		}
 	})
@@ -117,9 +109,8 @@ func (t *keyTable) makeRoom(release func(*entry)) {
 		return
 	}
 	target := max(t.max-t.max/64-1, 0)
-	t.entries.Range(func(_, v any) bool {
-		e := v.(*entry)
-		if e.refilling.Load() || e.pendingUntil.Load() != 0 {
+	t.entries.each(func(e *entry) bool {
+		if e.refilling.Load() || e.pendingUntil() != 0 {
 			return true
 		}
 		if t.evict(e) {
@@ -131,9 +122,9 @@ func (t *keyTable) makeRoom(release func(*entry)) {
 
 // clear forgets every entry (Close), passing each to release.
 func (t *keyTable) clear(release func(*entry)) {
-	t.entries.Range(func(k, v any) bool {
-		release(v.(*entry))
-		t.entries.Delete(k)
+	t.entries.each(func(e *entry) bool {
+		release(e)
+		t.entries.compareAndDelete(e)
 		return true
 	})
 	t.n.Store(0)

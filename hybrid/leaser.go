@@ -58,13 +58,13 @@ func (ls *leaser) spend(e *entry, n int64) (ok bool, left int64) {
 // maximum lease (unless need alone is larger).
 func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now int64) int64 {
 	e.mu.Lock()
-	rate := e.mu.demand.observe(now, e.consumed()+e.misses.Load())
+	rate := e.demand.observe(now, e.consumed()+e.misses.Load())
 	e.mu.Unlock()
 	perHorizon := rate * ls.cfg.horizon.Seconds()
 	batch := int64(math.Ceil(perHorizon))
 	batch = min(max(batch, 1), p.maxLease)
 	low := min(int64(perHorizon/2), batch/2)
-	e.lowWater.Store(low)
+	e.setLowWater(low)
 	return max(batch, need)
 }
 
@@ -72,7 +72,7 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now int64) int
 // reservations still hold more than the low-water mark. It runs about once
 // per batch, not per request.
 func (ls *leaser) refillAsync(e *entry) {
-	if e.reserved.Load() > e.lowWater.Load() || e.refilling.Load() || ls.held() || !e.refilling.CompareAndSwap(false, true) {
+	if e.reserved() > int64(e.lowWater.Load()) || e.refilling.Load() || ls.held() || !e.refilling.CompareAndSwap(false, true) {
 		return
 	}
 	if ls.bg.after(0, func() {
@@ -137,14 +137,14 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 		return fetchOutcome{deposited: true, at: start}, nil
 	}
 	var until int64
-	if until = e.pendingUntil.Load(); need > 0 && until != 0 {
+	if until = e.pendingUntil(); need > 0 && until != 0 {
 		// A caller waits for tokens a reservation releases soon; a
 		// refill asks for the grant after it.
 		until = max(until, start+1)
 	} else {
 		until = 0
 	}
-	if max(need, 1) >= e.emptyFor.Load() {
+	if e.emptyForAtMost(max(need, 1)) {
 		until = max(until, e.emptyUntil.Load()) // a refusal for as many or fewer tokens
 	}
 	if until > start {
@@ -183,7 +183,7 @@ func (ls *leaser) request(e *entry, p *policyState, need, now int64) remote.Requ
 	want := ls.sizeLease(e, p, max(need, e.waiting.Load()), now)
 	if share := ls.contendedShare(e, p); share > want {
 		want = share
-		e.lowWater.Store(share / 4)
+		e.setLowWater(share / 4)
 	}
 	want = min(want, p.Limit.Burst)
 	// A caller waits for this call: whatever covers its need is granted
@@ -214,7 +214,7 @@ func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
 		// the degraded share, and be spent on top of it.
 		return 0
 	}
-	if level := e.level.Load(); e.reserved.Load() == 0 && (level < 0 || level >= p.maxLease) {
+	if level := e.level.Load(); e.reserved() == 0 && (level < 0 || level >= p.maxLease) {
 		return 0
 	}
 	n := int64(max(ls.fleet(), 1))
@@ -239,7 +239,6 @@ func (ls *leaser) apply(e *entry, res remote.Result, need, now int64) fetchOutco
 		ls.bucketLost(e)
 	}
 	e.resetAt.Store(now + int64(res.ResetAfter))
-	e.levelAt.Store(now)
 	e.level.Store(res.Remaining)
 	switch {
 	case res.Granted > 0 && res.Delay <= 0:
@@ -253,7 +252,7 @@ func (ls *leaser) apply(e *entry, res remote.Result, need, now int64) fetchOutco
 		ls.reserve(e, res.Granted, res.Delay, now)
 		return fetchOutcome{retry: res.Delay, at: now}
 	default:
-		e.emptyFor.Store(max(need, 1))
+		e.setEmptyFor(max(need, 1))
 		e.emptyUntil.Store(now + int64(res.RetryAfter))
 		return fetchOutcome{retry: res.RetryAfter, at: now}
 	}
@@ -276,7 +275,7 @@ func (ls *leaser) bucketLost(e *entry) {
 func (ls *leaser) deposit(e *entry, n, now int64) {
 	ls.stats.tokensLeased.Add(n)
 	if e.lease.Add(n, now+int64(ls.cfg.leaseTTL)) {
-		e.added.Add(n)
+		e.inflow.Add(n)
 		return
 	}
 	ls.giveBack(ls.returnItem(e.key, n))
@@ -287,7 +286,7 @@ func (ls *leaser) deposit(e *entry, n, now int64) {
 func (ls *leaser) release(e *entry) []reconcile.Item {
 	var out []reconcile.Item
 	if n := e.lease.Close(); n > 0 {
-		e.drained.Add(n)
+		e.inflow.Add(-n)
 		out = append(out, ls.returnItem(e.key, n))
 	}
 	if n := ls.cancelReservations(e); n > 0 {
@@ -299,18 +298,22 @@ func (ls *leaser) release(e *entry) []reconcile.Item {
 // cancelReservations cancels e's reservations and returns how many tokens
 // they had not released.
 func (ls *leaser) cancelReservations(e *entry) int64 {
+	r := e.rare.Load()
+	if r == nil {
+		return 0
+	}
 	e.mu.Lock()
-	rs := e.mu.pending
-	e.mu.pending = nil
+	rs := r.pending
+	r.pending = nil
 	e.setPendingLocked()
 	timers := make([]clock.Timer, len(rs))
-	for i, r := range rs {
-		timers[i] = r.timer // read under e.mu: a firing callback re-arms it
+	for i, x := range rs {
+		timers[i] = x.timer // read under e.mu: a firing callback re-arms it
 	}
 	e.mu.Unlock()
 	var n int64
-	for i, r := range rs {
-		n += r.n - r.delivered
+	for i, x := range rs {
+		n += x.n - x.delivered
 		if timers[i].Stop() {
 			ls.bg.exit() // no callback will run; a running one finds r gone and exits
 		}
@@ -321,7 +324,7 @@ func (ls *leaser) cancelReservations(e *entry) int64 {
 // drainExpired takes back e's lease if it expired at or before now.
 func (ls *leaser) drainExpired(e *entry, now int64) []reconcile.Item {
 	if n := e.lease.DrainExpired(now); n > 0 {
-		e.drained.Add(n)
+		e.inflow.Add(-n)
 		return []reconcile.Item{ls.returnItem(e.key, n)}
 	}
 	return nil
@@ -331,7 +334,7 @@ func (ls *leaser) drainExpired(e *entry, now int64) []reconcile.Item {
 // settlement.
 func (ls *leaser) cut(e *entry, keep int64) []reconcile.Item {
 	if n := e.lease.Cut(keep); n > 0 {
-		e.drained.Add(n)
+		e.inflow.Add(-n)
 		return []reconcile.Item{ls.returnItem(e.key, n)}
 	}
 	return nil

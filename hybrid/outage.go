@@ -75,7 +75,7 @@ func (o *outage) decide(e *entry, p *policyState, n, now int64) Decision {
 	switch o.cfg.outage {
 	case OutageFailOpen:
 		o.stats.admitted[SourceFailOpen].Add(1)
-		e.debt.Add(n)
+		e.extra().debt.Add(n)
 		return Decision{Allowed: true, Limit: p.Limit, Source: SourceFailOpen}
 	case OutageFailClosed:
 		o.stats.rejected[SourceFailClosed].Add(1)
@@ -96,7 +96,7 @@ func (o *outage) decide(e *entry, p *policyState, n, now int64) Decision {
 		return Decision{Limit: b.Limit(), Remaining: r.Remaining, RetryAfter: wait, ResetAfter: r.ResetAfter, Source: SourceDegraded}
 	}
 	o.stats.admitted[SourceDegraded].Add(1)
-	e.debt.Add(n)
+	e.extra().debt.Add(n)
 	return Decision{Allowed: true, Limit: b.Limit(), Remaining: r.Remaining, ResetAfter: r.ResetAfter, Source: SourceDegraded}
 }
 
@@ -109,22 +109,23 @@ func (o *outage) degradedBucket(e *entry, p *policyState, now int64) *local.Buck
 	if !ok {
 		return nil
 	}
+	x := e.extra()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.mu.degraded == nil || e.mu.share != share {
+	if x.degraded == nil || x.share != share {
 		b, err := local.NewBucket(share)
 		if err != nil {
 			return nil // shareOf validated it; kept for safety, refusing
 		}
-		if e.added.Load() > 0 {
+		if e.level.Load() >= 0 {
 			// The key was in use when the store went away: its global
 			// bucket was likely drawn down, so the share starts empty and
 			// refills at its rate instead of granting a fresh burst.
 			b.Empty(now)
 		}
-		e.mu.degraded, e.mu.share = b, share
+		x.degraded, x.share = b, share
 	}
-	return e.mu.degraded
+	return x.degraded
 }
 
 // shareOf is one process's part of lim among n: Burst/N (at least 1) and
@@ -228,9 +229,10 @@ func (o *outage) unpaid(e *entry, p *policyState, admitted, now int64) int64 {
 	if admitted <= 0 {
 		return 0
 	}
+	x := e.extra()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	b := e.mu.degraded
+	b := x.degraded
 	if b == nil {
 		return min(admitted, p.Limit.Burst)
 	}
@@ -238,10 +240,10 @@ func (o *outage) unpaid(e *entry, p *policyState, admitted, now int64) int64 {
 	// charged, until the share's refill has covered it: charge only the
 	// rest, or a second settlement soon after the first counts it twice.
 	lim := b.Limit()
-	covered := lim.TokensIn(time.Duration(now - e.mu.chargedAt))
-	outstanding := max(e.mu.charged-covered, 0)
+	covered := lim.TokensIn(time.Duration(now - x.chargedAt))
+	outstanding := max(x.charged-covered, 0)
 	used := lim.Burst - b.Tokens(now)
 	d := max(min(admitted, used-outstanding), 0)
-	e.mu.charged, e.mu.chargedAt = outstanding+d, now
+	x.charged, x.chargedAt = outstanding+d, now
 	return d
 }

@@ -76,9 +76,10 @@ func (ls *leaser) reserve(e *entry, n int64, delay time.Duration, now int64) {
 	}
 	ls.stats.tokensReserved.Add(n)
 	r := &reservation{n: n, end: now + int64(delay), step: tokenStep(ls.policy.load().Limit)}
+	x := e.extra()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.mu.pending = append(e.mu.pending, r)
+	x.pending = append(x.pending, r)
 	e.setPendingLocked()
 	// Scheduled under e.mu: the callback takes e.mu, so it cannot run
 	// before r.timer is set (the delay is > 0, so it never runs inline).
@@ -121,7 +122,7 @@ func (ls *leaser) releaseDue(e *entry, r *reservation) {
 }
 
 func (e *entry) hasPendingLocked(r *reservation) bool {
-	for _, x := range e.mu.pending {
+	for _, x := range e.extra().pending {
 		if x == r {
 			return true
 		}
@@ -131,9 +132,10 @@ func (e *entry) hasPendingLocked(r *reservation) bool {
 
 // removePendingLocked drops r from the pending list.
 func (e *entry) removePendingLocked(r *reservation) {
-	for i, x := range e.mu.pending {
-		if x == r {
-			e.mu.pending = append(e.mu.pending[:i], e.mu.pending[i+1:]...)
+	x := e.extra()
+	for i, p := range x.pending {
+		if p == r {
+			x.pending = append(x.pending[:i], x.pending[i+1:]...)
 			return
 		}
 	}
@@ -143,13 +145,14 @@ func (e *entry) removePendingLocked(r *reservation) {
 // Stats), when the pending reservations next release tokens and how many
 // they still hold.
 func (e *entry) setPendingLocked() {
+	x := e.extra()
 	var next, n int64
-	for _, r := range e.mu.pending {
+	for _, r := range x.pending {
 		if at := r.at(r.delivered + 1); next == 0 || at < next {
 			next = at
 		}
 		n += r.n - r.delivered
 	}
-	e.pendingUntil.Store(next)
-	e.reserved.Store(n)
+	x.pendingUntil.Store(next)
+	x.reserved.Store(n)
 }

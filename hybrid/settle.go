@@ -17,7 +17,7 @@ import (
 // outage debt (eviction, Close).
 func (l *Limiter) releaseEntry(e *entry) {
 	items := l.leaser.release(e)
-	if d := e.debt.Swap(0); d > 0 {
+	if d := e.takeDebt(); d > 0 {
 		items = append(items, l.debitItem(l.policy.load(), e.key, d))
 	}
 	l.settleLater(items...)
@@ -51,7 +51,7 @@ func (l *Limiter) sweep() {
 	p := l.policy.load()
 	l.keys.each(func(e *entry) {
 		l.settleLater(l.leaser.drainExpired(e, now)...)
-		if settleDebt && e.debt.Load() != 0 {
+		if settleDebt && e.debt() != 0 {
 			l.settleLater(l.debtItems(e, p, now)...)
 		}
 	})
@@ -61,7 +61,7 @@ func (l *Limiter) sweep() {
 
 // debtItems takes e's outage debt and returns the debit of its unpaid part.
 func (l *Limiter) debtItems(e *entry, p *policyState, now int64) []reconcile.Item {
-	if d := l.outage.unpaid(e, p, e.debt.Swap(0), now); d > 0 {
+	if d := l.outage.unpaid(e, p, e.takeDebt(), now); d > 0 {
 		return []reconcile.Item{l.debitItem(p, e.key, d)}
 	}
 	return nil
@@ -149,7 +149,7 @@ func (l *Limiter) checkMode() {
 // owed reports whether anything is owed to the store: degraded admissions
 // not yet charged or tokens not yet given back.
 func (l *Limiter) owed() bool {
-	return l.keys.any(func(e *entry) bool { return e.debt.Load() != 0 }) || l.queue.Len() > 0
+	return l.keys.any(func(e *entry) bool { return e.debt() != 0 }) || l.queue.Len() > 0
 }
 
 // startSettlement charges what the outage admitted and gives back queued

@@ -6,6 +6,9 @@ import (
 	"strconv"
 	"testing"
 	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/leasehold/leasehold/clock"
 )
@@ -66,12 +69,13 @@ func TestKeySpray(t *testing.T) {
 	}
 }
 
-// TestBytesPerTrackedKey measures the heap held per tracked key.
+// TestBytesPerTrackedKey measures the heap held per tracked key over
+// 100 000 keys: at most 200 bytes, table included.
 func TestBytesPerTrackedKey(t *testing.T) {
 	w := newFakeWorld()
 	l := w.limiter(t, Policy{Name: "size", Limit: PerSecond(10)})
 	ctx := context.Background()
-	keys := make([]string, 10_000)
+	keys := make([]string, 100_000)
 	for i := range keys {
 		keys[i] = "user-" + strconv.Itoa(100000+i) // 11 bytes each
 	}
@@ -89,10 +93,19 @@ func TestBytesPerTrackedKey(t *testing.T) {
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
+	require.EqualValues(t, len(keys), l.Stats().KeysTracked)
 	per := float64(after.HeapAlloc-before.HeapAlloc) / float64(len(keys))
-	t.Logf("%.0f bytes of heap per tracked key (11-byte keys, map included)", per)
-	if per > 1024 {
-		t.Fatalf("%.0f bytes per tracked key, want ≤ 1 KiB", per)
+	t.Logf("%.0f bytes of heap per tracked key (11-byte keys, table included; entry %d bytes)", per, unsafe.Sizeof(entry{}))
+	if per > 200 {
+		t.Fatalf("%.0f bytes per tracked key, want ≤ 200", per)
 	}
 	runtime.KeepAlive(keys)
+}
+
+// TestEntrySize: an entry fits the 160-byte size class; what does not
+// belong on every key goes to rareState.
+func TestEntrySize(t *testing.T) {
+	if size := unsafe.Sizeof(entry{}); size > 160 {
+		t.Fatalf("entry is %d bytes, want ≤ 160", size)
+	}
 }

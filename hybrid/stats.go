@@ -132,8 +132,8 @@ func (l *Limiter) Stats() Stats {
 	leaseAdmits := l.keys.evictedAdmits.Load()
 	l.keys.each(func(e *entry) {
 		leaseAdmits += e.admits.Load()
-		s.OutageDebt += e.debt.Load()
-		s.TokensHeld += e.lease.Tokens() + e.reserved.Load()
+		s.OutageDebt += e.debt()
+		s.TokensHeld += e.lease.Tokens() + e.reserved()
 	})
 	// Admissions right after a store call are counted as SourceRemote by
 	// the slow path and, like every lease admission, in admits; move them.

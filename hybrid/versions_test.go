@@ -69,11 +69,7 @@ func heldTokens(lims []*Limiter) (n int64) {
 	for _, l := range lims {
 		l.keys.each(func(e *entry) {
 			n += e.lease.Tokens()
-			e.mu.Lock()
-			for _, r := range e.mu.pending {
-				n += r.n
-			}
-			e.mu.Unlock()
+			n += e.reserved()
 		})
 	}
 	return n
