@@ -89,10 +89,15 @@ func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string,
 	// long warm-up.
 	perKey := heap / float64(max(lim.Stats().KeysTracked, 1))
 	m := startMeter(b, c, calls)
+	start := time.Now()
 	res := drive(b, par, seq, decide)
+	elapsed := time.Since(start)
 	m.report(b, int64(b.N))
 	res.report(b)
 	reportPerKey(b, w, perKey)
+	if w.zipf {
+		b.ReportMetric(w.idleFloor(seq, float64(b.N)/elapsed.Seconds()), "floorcalls/1000")
+	}
 }
 
 func limit(w workload) hybrid.Limit {

@@ -66,6 +66,28 @@ func (w workload) sequence() []int32 {
 	return seq
 }
 
+// idleFloor is, per 1 000 decisions of seq made at rate per second by one
+// process, those on a key the process had not seen for Burst/Rate: by
+// then the bucket has refilled anything it granted, so no lease that
+// keeps the bound in every window can still hold a token for the key, and
+// the decision needs a store call, whatever the limiter. (One stream at
+// the fleet's rate stands for the goroutines' interleaved walks.)
+func (w workload) idleFloor(seq []int32, rate float64) float64 {
+	gap := int(rate * float64(w.burst) / w.rate)
+	last := make([]int, w.keys)
+	for i := range last {
+		last[i] = -gap - 1
+	}
+	idle := 0
+	for i, k := range seq {
+		if i-last[k] > gap {
+			idle++
+		}
+		last[k] = i
+	}
+	return 1000 * float64(idle) / float64(len(seq))
+}
+
 // sampleEvery is how often a decision's latency is timed: timing each one
 // would cost more than a leased decision itself.
 const sampleEvery = 16
