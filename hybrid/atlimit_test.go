@@ -4,13 +4,10 @@ import (
 	"context"
 	"runtime"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // admission is when one admitted decision was asked for and answered: the
@@ -95,17 +92,9 @@ func TestKeyAtItsLimit(t *testing.T) {
 		t.Skip("6 s of load per case")
 	}
 	lim := Limit{Rate: 2000, Period: time.Second, Burst: 200}
-	for _, tc := range []struct {
-		name string
-		dial func(*testing.T) redis.UniversalClient
-		key  string
-	}{
-		{"standalone", standaloneDial, "tenant-at-limit"},
-		{"cluster", clusterDial, "tenant:{9}:at-limit"},
-	} {
+	for _, tc := range backends("tenant-at-limit", "tenant:{9}:at-limit") {
 		t.Run(tc.name, func(t *testing.T) {
-			p := Policy{Name: "atlimit-" + tc.name + strconv.FormatInt(time.Now().UnixNano(), 36), Limit: lim}
-			lims := newFleet(t, 4, p, tc.dial)
+			lims := newFleet(t, 4, runPolicy("atlimit-"+tc.name, lim), tc.dial)
 			start := time.Now()
 			adm, per, degraded := spin(lims, 16, 6*time.Second, tc.key)
 			elapsed := time.Since(start)

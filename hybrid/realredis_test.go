@@ -160,6 +160,25 @@ func dial(srv *redistest.Server) func(*testing.T) redis.UniversalClient {
 }
 func clusterDial(t *testing.T) redis.UniversalClient { return redistest.SharedCluster(t).Client(t) }
 
+// backend is a real Redis for a load test, and the key to load on it.
+type backend struct {
+	name string
+	dial func(*testing.T) redis.UniversalClient
+	key  string
+}
+
+// backends are the shared standalone server and the shared cluster, with
+// their keys (a cluster key with a hash tag, to check its slot is kept).
+func backends(standaloneKey, clusterKey string) []backend {
+	return []backend{{"standalone", standaloneDial, standaloneKey}, {"cluster", clusterDial, clusterKey}}
+}
+
+// runPolicy is a policy of lim named for this run only: runs never share
+// buckets on the shared servers.
+func runPolicy(name string, lim Limit) Policy {
+	return Policy{Name: name + strconv.FormatInt(time.Now().UnixNano(), 36), Limit: lim}
+}
+
 // TestExactBoundUnderLoad: 8 limiters with separate clients on one Redis,
 // 32 goroutines each, Rate 5 000/s Burst 500, 5 s: admitted ≤ Burst +
 // Rate·elapsed exactly and ≥ 95% of it, and at most 50 store calls per 1 000
@@ -169,17 +188,9 @@ func TestExactBoundUnderLoad(t *testing.T) {
 		t.Skip("5 s of load per case")
 	}
 	lim := Limit{Rate: 5000, Period: time.Second, Burst: 500}
-	for _, tc := range []struct {
-		name string
-		dial func(*testing.T) redis.UniversalClient
-		key  string
-	}{
-		{"standalone", standaloneDial, "hot"},
-		{"cluster", clusterDial, "tenant:{7}:}{"},
-	} {
+	for _, tc := range backends("hot", "tenant:{7}:}{") {
 		t.Run(tc.name, func(t *testing.T) {
-			p := Policy{Name: "exact-" + tc.name + strconv.FormatInt(time.Now().UnixNano(), 36), Limit: lim}
-			lims := newFleet(t, 8, p, tc.dial)
+			lims := newFleet(t, 8, runPolicy("exact-"+tc.name, lim), tc.dial)
 			admitted, offered, elapsed := hammer(lims, 32, 5*time.Second, func(*rand.Rand) string { return tc.key })
 			got, bound := admitted[tc.key], lim.Burst+lim.TokensIn(elapsed)
 			s := fleetStats(lims)
