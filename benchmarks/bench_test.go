@@ -39,8 +39,13 @@ func BenchmarkLimiters(b *testing.B) {
 		seq := w.sequence()
 		for _, par := range goroutines {
 			b.Run(benchName("hybrid", w, par), func(b *testing.B) {
-				benchHybrid(b, srv, w, keys, seq, par)
+				benchHybrid(b, srv, w, keys, seq, par, false)
 			})
+			if w.zipf { // where store calls dominate: is pipelining them worth it?
+				b.Run(benchName("hybrid+autopipeline", w, par), func(b *testing.B) {
+					benchHybrid(b, srv, w, keys, seq, par, true)
+				})
+			}
 			b.Run(benchName("redis_rate", w, par), func(b *testing.B) {
 				benchRedisRate(b, srv, w, keys, seq, par)
 			})
@@ -72,12 +77,12 @@ func client(b *testing.B, srv *redistest.Server) (*redis.Client, *counter) {
 	return c, calls
 }
 
-func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string, seq []int32, par int) {
+func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string, seq []int32, par int, autoPipeline bool) {
 	ctx := context.Background()
 	c, calls := client(b, srv)
 	// A fresh policy name per run: no run inherits another's buckets.
 	name := "bench-" + time.Now().Format("150405.000000")
-	lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: name, Limit: limit(w)},
+	lim, err := hybrid.New(remote.NewRedis(c, remote.WithAutoPipeline(autoPipeline)), hybrid.Policy{Name: name, Limit: limit(w)},
 		hybrid.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		b.Fatal(err)
