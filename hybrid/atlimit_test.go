@@ -58,14 +58,15 @@ func spin(lims []*Limiter, g int, d time.Duration, key string) ([]admission, []i
 }
 
 // worstWindow checks every window spanned by two admissions against
-// Burst + Rate·w and returns the largest excess (≤ 0: none over). The
-// window given to admissions i..j (sorted by when they were asked) runs
-// from the first one's asking to the latest answer among them, the
-// longest it can be, so scheduling delays between a decision and the
-// clock reads never show as an excess.
-func worstWindow(adm []admission, lim Limit) (excess int64, at time.Duration) {
+// Burst + Rate·w and returns the largest excess (≤ 0: none over), over all
+// windows and over those starting at settled or later. The window given
+// to admissions i..j (sorted by when they were asked) runs from the first
+// one's asking to the latest answer among them, the longest it can be, so
+// scheduling delays between a decision and the clock reads never show as
+// an excess.
+func worstWindow(adm []admission, lim Limit, settled time.Time) (all, after int64, at time.Duration) {
 	slices.SortFunc(adm, func(a, b admission) int { return a.asked.Compare(b.asked) })
-	excess = -lim.Burst
+	all, after = -lim.Burst, -lim.Burst
 	for i := range adm {
 		last := adm[i].answered
 		for j := i; j < len(adm); j++ {
@@ -73,12 +74,16 @@ func worstWindow(adm []admission, lim Limit) (excess int64, at time.Duration) {
 				last = adm[j].answered
 			}
 			w := last.Sub(adm[i].asked)
-			if e := int64(j-i+1) - lim.Burst - lim.TokensIn(w); e > excess {
-				excess, at = e, adm[i].asked.Sub(adm[0].asked)
+			e := int64(j-i+1) - lim.Burst - lim.TokensIn(w)
+			if e > all {
+				all, at = e, adm[i].asked.Sub(adm[0].asked)
+			}
+			if e > after && !adm[i].asked.Before(settled) {
+				after = e
 			}
 		}
 	}
-	return excess, at
+	return all, after, at
 }
 
 // TestKeyAtItsLimit: 4 limiters with their own clients, 16 goroutines
@@ -101,14 +106,21 @@ func TestKeyAtItsLimit(t *testing.T) {
 			s := fleetStats(lims)
 			got, bound := int64(len(adm)), lim.Burst+lim.TokensIn(elapsed)
 			perK := 1000 * float64(s.StoreCalls) / float64(got)
-			excess, at := worstWindow(adm, lim)
-			t.Logf("%s: admitted %d of bound %d (%.1f%%), per limiter %v, %d store calls = %.1f per 1000 admitted, worst window %+d tokens vs its bound (at %v); %d more decided by the degraded share",
-				tc.name, got, bound, 100*float64(got)/float64(bound), per, s.StoreCalls, perK, excess, at.Round(time.Millisecond), degraded)
+			// Until the key is contended its leases are plain batches,
+			// which a window starting later may see on top of the bucket:
+			// at most one maximum lease per limiter (README, "Guarantees").
+			// Once grants are paced, no window may see more than the bound.
+			excess, paced, at := worstWindow(adm, lim, start.Add(time.Second))
+			t.Logf("%s: admitted %d of bound %d (%.1f%%), per limiter %v, %d store calls = %.1f per 1000 admitted, worst window %+d tokens vs its bound (at %v), %+d after the first second; %d more decided by the degraded share",
+				tc.name, got, bound, 100*float64(got)/float64(bound), per, s.StoreCalls, perK, excess, at.Round(time.Millisecond), paced, degraded)
 			if degraded > got/100 {
 				t.Fatalf("%d decided by the degraded share: the store was too slow for over 1%%", degraded)
 			}
-			if excess > 0 {
-				t.Fatalf("a window admitted %d more than Burst + Rate·w", excess)
+			if slack := int64(len(lims)) * lim.Burst / 10; excess > slack {
+				t.Fatalf("a window admitted %d more than Burst + Rate·w, over the %d leases may hold", excess, slack)
+			}
+			if paced > 0 {
+				t.Fatalf("a window after the first second admitted %d more than Burst + Rate·w", paced)
 			}
 			if float64(got) < 0.95*float64(bound) {
 				t.Fatalf("admitted %d < 95%% of bound %d", got, bound)
