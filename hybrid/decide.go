@@ -150,13 +150,7 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, rou
 		l.leaser.refillAsync(e)
 		return l.outage.decide(e, p, n, now), true, nil
 	}
-	until := e.pendingUntil()
-	if until != 0 {
-		// Reserved tokens are on their way: the next are released then
-		// (a late release timer makes it a moment from now). Asking the
-		// store meanwhile would only queue a grant behind them.
-		until = max(until, now+1)
-	}
+	until := e.releaseAt(now)
 	if e.emptyForAtMost(n) {
 		// The cached refusal was for as many tokens or fewer: it holds
 		// for n too. A smaller request may fit and asks the store.

@@ -80,6 +80,17 @@ func (e *entry) pendingUntil() int64 {
 	return 0
 }
 
+// releaseAt returns when pending reservations next release tokens, at
+// least a moment after now (a late release timer may be overdue), or 0
+// when none are pending. A caller waits for that rather than ask the
+// store, which would only queue a grant behind them.
+func (e *entry) releaseAt(now int64) int64 {
+	if until := e.pendingUntil(); until != 0 {
+		return max(until, now+1)
+	}
+	return 0
+}
+
 // reserved returns the tokens pending reservations still hold.
 func (e *entry) reserved() int64 {
 	if r := e.rare.Load(); r != nil {

@@ -137,12 +137,10 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 		return fetchOutcome{deposited: true, at: start}, nil
 	}
 	var until int64
-	if until = e.pendingUntil(); need > 0 && until != 0 {
+	if need > 0 {
 		// A caller waits for tokens a reservation releases soon; a
 		// refill asks for the grant after it.
-		until = max(until, start+1)
-	} else {
-		until = 0
+		until = e.releaseAt(start)
 	}
 	if e.emptyForAtMost(max(need, 1)) {
 		until = max(until, e.emptyUntil.Load()) // a refusal for as many or fewer tokens
