@@ -107,6 +107,12 @@ type confStep struct {
 	version  uint64
 	limit    *local.Limit // nil: the sequence's limit
 	d        time.Duration
+	// Shaped buckets: the step's limits replace the sequence's when
+	// window or also is set; since takes the last lease's store time.
+	window    bool
+	also      []local.Limit
+	hold      time.Duration
+	sinceLast bool
 
 	wantGranted int64
 	wantLeft    int64 // -1: not checked
@@ -114,6 +120,11 @@ type confStep struct {
 	wantDelay   time.Duration
 	wantStale   bool
 	wantVersion uint64 // 0: the step's version
+	wantBinding int
+	// retrySlack widens the RetryAfter check below the wanted value:
+	// sliding windows count in sub-windows aligned to store time, which a
+	// real server's clock meets at any phase.
+	retrySlack time.Duration
 }
 
 // Limits of the table: one token every 200 ms, so that the milliseconds real
@@ -203,7 +214,67 @@ var sequences = []struct {
 		{kind: ret, n: 1, wantLeft: 1},
 		{kind: lease, n: 1, wantGranted: 1, wantLeft: 0},
 	}},
+
+	// Shaped buckets (issue 13). win4 is 4 per second in sub-windows of
+	// 50 ms; a sub-window's tokens leave the window 1 s after its end, so
+	// a wait is 1 s plus up to one sub-window.
+	{"window: at most rate in a period", win4, []confStep{
+		{kind: lease, n: 3, window: true, wantGranted: 3, wantLeft: 1},
+		{kind: lease, n: 2, window: true, wantGranted: 1, wantLeft: 0},
+		{kind: lease, n: 1, window: true, wantRetry: 1050 * ms, retrySlack: 50 * ms},
+		{kind: wait, d: 1100 * ms},
+		{kind: lease, n: 4, window: true, wantGranted: 4, wantLeft: 0},
+	}},
+	{"window: leased tokens count until they may be spent", win4, []confStep{
+		{kind: lease, n: 4, window: true, hold: 500 * ms, wantGranted: 4, wantLeft: 0},
+		{kind: wait, d: 1100 * ms},
+		{kind: lease, n: 1, window: true, hold: 500 * ms, wantRetry: 450 * ms, retrySlack: 50 * ms},
+		{kind: wait, d: 500 * ms},
+		{kind: lease, n: 4, window: true, hold: 500 * ms, wantGranted: 4, wantLeft: 0},
+	}},
+	{"window: a return leaves the sub-window of since plus hold", win4, []confStep{
+		{kind: lease, n: 4, window: true, hold: 200 * ms, wantGranted: 4, wantLeft: 0},
+		{kind: ret, n: 2, window: true, hold: 200 * ms, sinceLast: true, wantLeft: 2},
+		{kind: ret, n: 2, window: true, hold: 200 * ms, wantLeft: 2}, // no since: nothing back
+		{kind: lease, n: 3, window: true, hold: 200 * ms, wantGranted: 2, wantLeft: 0},
+	}},
+	{"window: a debit counts now", win4, []confStep{
+		{kind: debit, n: 6, window: true, wantLeft: 0},
+		{kind: lease, n: 1, window: true, wantRetry: 1050 * ms, retrySlack: 50 * ms},
+	}},
+	{"window: rate up keeps what the window holds", win4, []confStep{
+		{kind: lease, n: 4, version: 1, window: true, wantGranted: 4, wantLeft: 0},
+		{kind: lease, n: 6, version: 2, window: true, limit: &win6, wantGranted: 2, wantLeft: 0},
+	}},
+	{"two limits: the tightest decides", slow10, []confStep{
+		{kind: lease, n: 2, also: []local.Limit{perSec3}, wantGranted: 2, wantLeft: 1, wantBinding: 1},
+		{kind: lease, n: 3, also: []local.Limit{perSec3}, wantGranted: 1, wantLeft: 0, wantBinding: 1},
+		{kind: lease, n: 1, also: []local.Limit{perSec3}, wantRetry: 333334 * time.Microsecond, wantBinding: 1},
+		{kind: ret, n: 2, also: []local.Limit{perSec3}, wantLeft: 2},
+		{kind: lease, n: 2, also: []local.Limit{perSec3}, wantGranted: 2, wantLeft: 0, wantBinding: 1},
+	}},
+	{"two windows: a second and ten seconds", win4, []confStep{
+		{kind: lease, n: 4, window: true, also: []local.Limit{win6Per10s}, wantGranted: 4, wantLeft: 0},
+		{kind: wait, d: 1100 * ms},
+		{kind: lease, n: 4, window: true, also: []local.Limit{win6Per10s}, wantGranted: 2, wantLeft: 0, wantBinding: 1},
+		{kind: lease, n: 1, window: true, also: []local.Limit{win6Per10s}, wantRetry: 9500 * ms, retrySlack: 1600 * ms, wantBinding: 1},
+	}},
+	{"bucket to window keeps tokens used", slow, []confStep{
+		{kind: lease, n: 2, version: 1, wantGranted: 2, wantLeft: 1},
+		{kind: lease, n: 4, version: 2, window: true, limit: &win4, wantGranted: 2, wantLeft: 0},
+	}},
+	{"window back to bucket keeps tokens used", win4, []confStep{
+		{kind: lease, n: 3, version: 1, window: true, wantGranted: 3, wantLeft: 1},
+		{kind: lease, n: 10, version: 2, limit: &slow10, wantGranted: 7, wantLeft: 0},
+	}},
 }
+
+var (
+	win4       = local.Limit{Rate: 4, Period: time.Second, Burst: 4}
+	win6       = local.Limit{Rate: 6, Period: time.Second, Burst: 6}
+	win6Per10s = local.Limit{Rate: 6, Period: 10 * time.Second, Burst: 6}
+	perSec3    = local.Limit{Rate: 3, Period: time.Second, Burst: 3}
+)
 
 func TestConformance(t *testing.T) {
 	for _, be := range backends(t) {
@@ -224,10 +295,15 @@ func TestConformance(t *testing.T) {
 func runSequence(t *testing.T, be backend, key string, lim local.Limit, steps []confStep) {
 	t.Helper()
 	ctx := context.Background()
+	var lastNow time.Time
 	for i, s := range steps {
-		req := Request{Policy: "conformance", Key: key, Limit: lim, Version: s.version, N: s.n, Min: s.min, Need: s.need, MaxDelay: s.maxDelay}
+		req := Request{Policy: "conformance", Key: key, Limit: lim, Version: s.version, N: s.n, Min: s.min, Need: s.need,
+			MaxDelay: s.maxDelay, Window: s.window, Also: s.also, Hold: s.hold}
 		if s.limit != nil {
 			req.Limit = *s.limit
+		}
+		if s.sinceLast {
+			req.Since = lastNow
 		}
 		var (
 			res Result
@@ -261,6 +337,12 @@ func runSequence(t *testing.T, be backend, key string, lim local.Limit, steps []
 		if err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
+		if s.kind == lease {
+			lastNow = res.Now
+		}
+		if res.Binding != s.wantBinding {
+			t.Errorf("step %d: Binding = %d, want %d", i, res.Binding, s.wantBinding)
+		}
 		wantVersion := s.wantVersion
 		if wantVersion == 0 {
 			wantVersion = s.version
@@ -276,7 +358,7 @@ func runSequence(t *testing.T, be backend, key string, lim local.Limit, steps []
 		if be.real {
 			slack = 100 * ms
 		}
-		if res.RetryAfter > s.wantRetry || res.RetryAfter < s.wantRetry-slack {
+		if res.RetryAfter > s.wantRetry || res.RetryAfter < s.wantRetry-slack-s.retrySlack {
 			t.Errorf("step %d: RetryAfter = %v, want %v (slack %v)", i, res.RetryAfter, s.wantRetry, slack)
 		}
 		if res.Delay > s.wantDelay || res.Delay < s.wantDelay-slack {
@@ -312,6 +394,12 @@ func TestBadInputSameEverywhere(t *testing.T) {
 		{"burst zero", OpLease, Request{Policy: "p", Key: "k", Limit: local.Limit{Rate: 1, Period: time.Second}, N: 1}, local.ErrInvalidLimit},
 		{"overflowing limit", OpLease, Request{Policy: "p", Key: "k", Limit: local.Limit{Rate: 1, Period: 200 * 365 * 24 * time.Hour, Burst: 1e12}, N: 1}, local.ErrInvalidLimit},
 		{"negative max delay", OpLease, Request{Policy: "p", Key: "k", Limit: lim, N: 1, MaxDelay: -1}, local.ErrInvalidLimit},
+		{"window burst not its rate", OpLease, Request{Policy: "p", Key: "k", Limit: local.Limit{Rate: 10, Period: time.Second, Burst: 20}, Window: true, N: 1}, local.ErrInvalidLimit},
+		{"hold beyond the window", OpLease, Request{Policy: "p", Key: "k", Limit: lim, Window: true, Hold: 2 * time.Second, N: 1}, local.ErrInvalidLimit},
+		{"invalid also", OpLease, Request{Policy: "p", Key: "k", Limit: lim, Also: []local.Limit{{Rate: 1}}, N: 1}, local.ErrInvalidLimit},
+		{"n over the tightest limit", OpLease, Request{Policy: "p", Key: "k", Limit: lim, Also: []local.Limit{local.PerMinute(5)}, N: 6}, local.ErrExceedsBurst},
+		{"too many limits", OpLease, Request{Policy: "p", Key: "k", Limit: lim, Also: make9(lim), N: 1}, ErrInvalidPolicy},
+		{"tier with a colon", OpLease, Request{Policy: "p", Tier: "a:b", Key: "k", Limit: lim, N: 1}, ErrInvalidPolicy},
 	}
 	for _, be := range backends(t) {
 		for _, c := range cases {
@@ -425,4 +513,12 @@ func TestCheckClient(t *testing.T) {
 	if err := NewRedis(good).Check(); err != nil {
 		t.Errorf("Check() on a well-configured client = %v", err)
 	}
+}
+
+func make9(l local.Limit) []local.Limit {
+	out := make([]local.Limit, MaxLimits)
+	for i := range out {
+		out[i] = l
+	}
+	return out
 }

@@ -11,15 +11,24 @@ import "strings"
 //     another;
 //   - bucket keys end in '}', internal keys (PolicyKey, FleetKey) in '}:…',
 //     so user keys never collide with internal ones.
-func BucketKey(prefix, policy, key string) string {
+func BucketKey(prefix, policy, key string) string { return TierBucketKey(prefix, policy, "", key) }
+
+// TierBucketKey returns the Redis key of a bucket under a tier of a policy:
+// prefix{policy%~tier:key}, or BucketKey's form for tier "". Escaping never
+// writes '%' before '~', so no tier's key collides with another policy's.
+func TierBucketKey(prefix, policy, tier, key string) string {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
 	var b strings.Builder
-	b.Grow(len(prefix) + len(policy) + len(key) + 3)
+	b.Grow(len(prefix) + len(policy) + len(tier) + len(key) + 5)
 	b.WriteString(prefix)
 	b.WriteByte('{')
 	escape(&b, policy, true)
+	if tier != "" {
+		b.WriteString("%~")
+		escape(&b, tier, true)
+	}
 	b.WriteByte(':')
 	escape(&b, key, false)
 	b.WriteByte('}')

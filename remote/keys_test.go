@@ -19,6 +19,9 @@ func TestBucketKeyEscaping(t *testing.T) {
 		{"", "p", "}{evil", "leasehold:{p:%7D%7Bevil}"},
 		{"", "p", "100%", "leasehold:{p:100%25}"},
 	}
+	if got, want := TierBucketKey("", "api", "paid", "u:1"), "leasehold:{api%~paid:u:1}"; got != want {
+		t.Errorf("TierBucketKey = %q, want %q", got, want)
+	}
 	for _, tt := range tests {
 		if got := BucketKey(tt.prefix, tt.policy, tt.key); got != tt.want {
 			t.Errorf("BucketKey(%q, %q, %q) = %q, want %q", tt.prefix, tt.policy, tt.key, got, tt.want)
@@ -38,19 +41,22 @@ func TestBucketKeyNoCollisionsSameSlot(t *testing.T) {
 			seen[internal] = [2]string{"internal", p}
 		}
 	}
-	for _, p := range parts {
+	tiers := []string{"", "a", "b", "25", "7B", "a.b", "-"}
+	for _, p := range append(parts, "a%~b", "a%", "~") {
 		for _, k := range parts {
-			key := BucketKey("", p, k)
-			if prev, dup := seen[key]; dup {
-				t.Fatalf("BucketKey(%q, %q) = %q collides with %v", p, k, key, prev)
-			}
-			seen[key] = [2]string{p, k}
-			open, close := strings.IndexByte(key, '{'), strings.IndexByte(key, '}')
-			if open < 0 || close != len(key)-1 {
-				t.Fatalf("BucketKey(%q, %q) = %q: hash tag is not the whole braced tail", p, k, key)
-			}
-			if got, want := redisSlot(key), redisSlot(key[open+1:close]); got != want {
-				t.Fatalf("slot of %q = %d, want %d", key, got, want)
+			for _, tier := range tiers {
+				key := TierBucketKey("", p, tier, k)
+				if prev, dup := seen[key]; dup {
+					t.Fatalf("TierBucketKey(%q, %q, %q) = %q collides with %v", p, tier, k, key, prev)
+				}
+				seen[key] = [2]string{p + " tier " + tier, k}
+				open, close := strings.IndexByte(key, '{'), strings.IndexByte(key, '}')
+				if open < 0 || close != len(key)-1 {
+					t.Fatalf("BucketKey(%q, %q) = %q: hash tag is not the whole braced tail", p, k, key)
+				}
+				if got, want := redisSlot(key), redisSlot(key[open+1:close]); got != want {
+					t.Fatalf("slot of %q = %d, want %d", key, got, want)
+				}
 			}
 		}
 	}

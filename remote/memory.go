@@ -28,6 +28,7 @@ type MemoryStore struct {
 
 type memBucket struct {
 	st       state
+	sh       *shapeState // set instead of st for a shaped bucket
 	deadline int64 // µs; the bucket is gone at or after it
 }
 
@@ -84,7 +85,13 @@ func (s *MemoryStore) do(ctx context.Context, op Op, r Request) (Result, error) 
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
-	key := BucketKey(r.Prefix, r.Policy, r.Key)
+	var ls []shapeLimit
+	if r.shaped() {
+		if ls, err = validateShape(op, &r); err != nil {
+			return Result{}, err
+		}
+	}
+	key := TierBucketKey(r.Prefix, r.Policy, r.Tier, r.Key)
 	now := s.clk.Now().UnixMicro()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -92,8 +99,24 @@ func (s *MemoryStore) do(ctx context.Context, op Op, r Request) (Result, error) 
 	if ok && now >= b.deadline {
 		ok = false
 	}
-	st, res := apply(b.st, ok, op, &r, m, now)
-	s.mu.buckets[key] = memBucket{st: st, deadline: now + int64(ttl(res.ResetAfter)/1000)}
+	var res Result
+	if ls != nil {
+		st := fromPlain(b.st)
+		if b.sh != nil {
+			st = *b.sh
+		}
+		st, res = applyShape(st.clone(), ok, op, &r, ls, now)
+		b = memBucket{sh: &st}
+	} else {
+		st := b.st
+		if b.sh != nil {
+			st = b.sh.toPlain(now)
+		}
+		st, res = apply(st, ok, op, &r, m, now)
+		b = memBucket{st: st}
+	}
+	b.deadline = now + int64(ttl(res.ResetAfter)/1000)
+	s.mu.buckets[key] = b
 	if s.mu.writes++; s.mu.writes >= max(4096, s.mu.live) {
 		s.expireLocked(now)
 	}

@@ -177,28 +177,28 @@ func (s *RedisStore) Debit(ctx context.Context, r Request) (Result, error) {
 }
 
 func (s *RedisStore) do(ctx context.Context, op Op, r Request) (Result, error) {
-	key, args, err := scriptArgs(op, &r)
+	key, script, args, err := scriptArgs(op, &r)
 	if err != nil {
 		return Result{}, err
 	}
-	v, err := s.eval(ctx, key, args)
+	v, err := s.eval(ctx, script, key, args)
 	if err != nil {
 		return Result{}, s.failed(key, err)
 	}
 	return parseReply(key, v)
 }
 
-// eval runs bucketLua on key, through the autopipeliner when there is one,
+// eval runs script on key, through the autopipeliner when there is one,
 // and as EVAL when the server has lost the script.
-func (s *RedisStore) eval(ctx context.Context, key string, args []any) (any, error) {
+func (s *RedisStore) eval(ctx context.Context, script *redis.Script, key string, args []any) (any, error) {
 	if s.ap == nil {
-		return bucketScript.Run(ctx, s.c, []string{key}, args...).Result()
+		return script.Run(ctx, s.c, []string{key}, args...).Result()
 	}
-	cmd := redis.NewCmd(ctx, append([]any{"evalsha", bucketScript.Hash(), 1, key}, args...)...)
+	cmd := redis.NewCmd(ctx, append([]any{"evalsha", script.Hash(), 1, key}, args...)...)
 	err := s.ap.Submit(ctx, cmd).WaitContext(ctx)
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		// EVAL caches the script again for the next EVALSHA.
-		return bucketScript.Eval(ctx, s.c, []string{key}, args...).Result()
+		return script.Eval(ctx, s.c, []string{key}, args...).Result()
 	}
 	if err != nil {
 		return nil, err
@@ -222,16 +222,17 @@ func (s *RedisStore) failed(key string, err error) error {
 func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 	out := make([]Reply, len(rs))
 	keys := make([]string, len(rs))
+	scripts := make([]*redis.Script, len(rs))
 	args := make([][]any, len(rs))
 	cmds := make([]*redis.Cmd, len(rs))
 	pipe := s.c.Pipeline()
 	for i := range rs {
 		var err error
-		if keys[i], args[i], err = scriptArgs(op, &rs[i]); err != nil {
+		if keys[i], scripts[i], args[i], err = scriptArgs(op, &rs[i]); err != nil {
 			out[i].Err = err
 			continue
 		}
-		cmds[i] = bucketScript.EvalSha(ctx, pipe, []string{keys[i]}, args[i]...)
+		cmds[i] = scripts[i].EvalSha(ctx, pipe, []string{keys[i]}, args[i]...)
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // errors are read per command below
@@ -245,7 +246,7 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 			if retry == nil {
 				retry = s.c.Pipeline()
 			}
-			cmds[i] = bucketScript.Eval(ctx, retry, []string{keys[i]}, args[i]...)
+			cmds[i] = scripts[i].Eval(ctx, retry, []string{keys[i]}, args[i]...)
 		}
 	}
 	if retry != nil {
@@ -265,14 +266,38 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 	return out
 }
 
-func scriptArgs(op Op, r *Request) (string, []any, error) {
+// scriptArgs validates r and returns its bucket key, the script that keeps
+// its bucket (bucketLua, or shapeLua for a shaped request) and the
+// script's arguments.
+func scriptArgs(op Op, r *Request) (string, *redis.Script, []any, error) {
 	m, err := validate(op, r)
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
-	key := BucketKey(r.Prefix, r.Policy, r.Key)
-	return key, []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version, int64(r.MaxDelay / time.Microsecond),
-		-maxDebt, TTLMargin.Milliseconds(), r.Need}, nil
+	key := TierBucketKey(r.Prefix, r.Policy, r.Tier, r.Key)
+	if !r.shaped() {
+		return key, bucketScript, []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version,
+			int64(r.MaxDelay / time.Microsecond), -maxDebt, TTLMargin.Milliseconds(), r.Need}, nil
+	}
+	ls, err := validateShape(op, r)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	var since int64
+	if !r.Since.IsZero() {
+		since = r.Since.UnixMicro()
+	}
+	args := make([]any, 0, 10+4*len(ls))
+	args = append(args, op.String(), r.N, r.Min, r.Need, r.Version, -maxDebt, TTLMargin.Milliseconds(),
+		int64(r.Hold/time.Microsecond), since, len(ls))
+	for _, l := range ls {
+		kind := "g"
+		if l.window {
+			kind = "w"
+		}
+		args = append(args, kind, l.m.Rate, l.m.Per, l.m.Burst)
+	}
+	return key, shapeScript, args, nil
 }
 
 // classify wraps a Redis failure: foreign data in the key is
@@ -313,10 +338,10 @@ func unreachable(err error) bool {
 // script reply goes through it.
 func parseReply(key string, v any) (Result, error) {
 	vals, ok := v.([]any)
-	if !ok || len(vals) != 9 {
+	if !ok || len(vals) < 9 || len(vals) > 10 {
 		return Result{}, fmt.Errorf("remote: bucket %q: %w: reply %T of unexpected shape", key, ErrCorruptState, v)
 	}
-	var n [9]int64
+	var n [10]int64
 	for i, x := range vals {
 		switch x := x.(type) {
 		case int64:
@@ -331,7 +356,7 @@ func parseReply(key string, v any) (Result, error) {
 			return Result{}, fmt.Errorf("remote: bucket %q: %w: field %d is %T", key, ErrCorruptState, i, x)
 		}
 	}
-	if n[0] < 0 || n[1] < 0 || n[2] < 0 || n[3] < 0 || n[4] < 0 || n[6] < 0 {
+	if n[0] < 0 || n[1] < 0 || n[2] < 0 || n[3] < 0 || n[4] < 0 || n[6] < 0 || n[9] < 0 || n[9] >= MaxLimits {
 		return Result{}, fmt.Errorf("remote: bucket %q: %w: negative field in %v", key, ErrCorruptState, n)
 	}
 	return Result{
@@ -344,6 +369,7 @@ func parseReply(key string, v any) (Result, error) {
 		Version:    uint64(n[6]),
 		Stale:      n[7] == 1,
 		Created:    n[8] == 1,
+		Binding:    int(n[9]),
 	}, nil
 }
 

@@ -102,6 +102,26 @@ local raw = redis.pcall('GET', KEYS[1])
 if type(raw) == 'table' and raw.err then
   return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
 end
+if raw and string.sub(raw, 1, 2) == 'S ' then
+  -- A shaped bucket (shapeLua) whose policy went back to one token
+  -- bucket: read its first limit as the plain state, a window as a bucket
+  -- that has used what the window holds; the rescale below applies.
+  local ver, seg = string.match(raw, '^S (%d+) %d+;([^;]*)')
+  local f = {}
+  if seg then for x in string.gmatch(string.sub(seg, 3), '%S+') do f[#f + 1] = tonumber(x) end end
+  if ver and string.sub(seg, 1, 1) == 'g' and #f == 6 then
+    raw = string.format('%.0f %.0f %.0f %s %.0f %.0f %.0f', f[1], f[2], f[3], ver, f[4], f[5], f[6])
+  elseif ver and string.sub(seg, 1, 1) == 'w' and #f >= 5 and f[4] >= 1 then
+    local wrate, wper, base, wlast = f[3], f[4], f[1], math.max(now, f[2])
+    local lo = idiv(wlast - wper, math.max(1, math.floor(wper / 20)))
+    local u = 0
+    for i = 5, #f do if base + i - 5 >= lo then u = u + f[i] end end
+    if u > wrate then u = wrate end
+    raw = string.format('%.0f 0 %.0f %s %.0f %.0f %.0f', wrate - u, wlast, ver, wrate, wrate, wper)
+  else
+    return redis.error_reply('LEASEHOLD_CORRUPT bucket holds a value leasehold did not write')
+  end
+end
 local created = 0
 if not raw then
   created = 1
@@ -224,3 +244,340 @@ return {raw, t[1], t[2], redis.call('PTTL', KEYS[1])}
 `
 
 var peekScript = redis.NewScript(peekLua)
+
+// shapeLua is a shaped bucket: several limits on one key, each a token
+// bucket or a sliding window, decided together in one atomic call.
+// applyShape in shape.go is its Go twin; keep the two in step.
+//
+// KEYS[1]  the bucket key
+// ARGV[1]  op: "lease", "return" or "debit"
+// ARGV[2]  n     ARGV[3] min (unused: shapes never future-date)
+// ARGV[4]  need  ARGV[5] version
+// ARGV[6]  floor: the lowest level debt may take a bucket to (-maxDebt)
+// ARGV[7]  margin: ms a key outlives its time to empty/full
+// ARGV[8]  hold: µs after a lease its tokens may be spent
+// ARGV[9]  since: µs of store time of the earliest grant a return gives
+//          back (0: none)
+// ARGV[10] the number of limits k, then k times: kind ("g" bucket, "w"
+//          window), rate, per (µs; a bucket's in lowest terms, a window's
+//          period as given), burst
+//
+// State, a string: "S version k" then one ";"-separated part per limit:
+//
+//	g level carry last burst rate per      (as bucketLua's state)
+//	w base last rate per c1 ... cM         (sub-window counters)
+//
+// A window of period per is cut in sub-windows of sub = max(1,
+// floor(per/20)) µs; counter ci holds the tokens of sub-window base+i-1,
+// which count until (base+i)·sub + per. A lease's tokens go in the
+// sub-window of now + hold, the last moment they may be spent, so every
+// window that could see them spent counts them. M = 2·ceil(per/sub) + 2
+// is fixed by the period, and counters are written zero-padded, so the
+// key's size does not depend on traffic.
+//
+// A lease takes the same tokens from every part: n if all have them, else
+// the fewest any part has if that covers need, else nothing, with the
+// longest wait for need. Reply: bucketLua's nine fields, then binding
+// (0-based index of the limit that decided).
+var shapeLua = `
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then q = q - 1; r = r + b elseif r >= b then q = q + 1; r = r - b end
+  return q, r
+end
+local function cdiv(a, b)
+  local q, r = idiv(a, b)
+  if r > 0 then q = q + 1 end
+  return q
+end
+
+local op = ARGV[1]
+local n = tonumber(ARGV[2])
+local need = tonumber(ARGV[4])
+local version = tonumber(ARGV[5])
+local floor = tonumber(ARGV[6])
+local margin = tonumber(ARGV[7])
+local hold = tonumber(ARGV[8])
+local since = tonumber(ARGV[9])
+local k = tonumber(ARGV[10])
+local maxdebt = -floor
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- token bucket parts, as in bucketLua
+local function gwait(p, from, to)
+  if to <= from then return 0 end
+  local q, r = idiv(to - from, p.rate)
+  return q * p.per + cdiv(r * p.per - p.carry, p.rate)
+end
+local function grefill(p)
+  if now <= p.last then return end
+  local elapsed = now - p.last
+  p.last = now
+  if p.level >= p.burst then p.carry = 0; return end
+  local q, r = idiv(elapsed, p.per)
+  if q >= cdiv(p.burst - p.level, p.rate) then p.level = p.burst; p.carry = 0; return end
+  local tk, c = idiv(r * p.rate + p.carry, p.per)
+  p.level = p.level + q * p.rate + tk
+  p.carry = c
+  if p.level >= p.burst then p.level = p.burst; p.carry = 0 end
+end
+
+-- window parts
+local function wnew(rate, per, at)
+  local w = {window = true, rate = rate, per = per, last = at, c = {}}
+  w.sub = math.max(1, math.floor(per / 20))
+  w.m = 2 * cdiv(per, w.sub) + 2
+  for i = 1, w.m do w.c[i] = 0 end
+  w.base = idiv(at - per, w.sub)
+  return w
+end
+local function wshift(w)
+  if now <= w.last then return end
+  w.last = now
+  local lo = idiv(now - w.per, w.sub)
+  local d = lo - w.base
+  if d <= 0 then return end
+  for i = 1, w.m do
+    local j = i + d
+    if j <= w.m then w.c[i] = w.c[j] else w.c[i] = 0 end
+  end
+  w.base = lo
+end
+local function wsum(w)
+  local s = 0
+  for i = 1, w.m do s = s + w.c[i] end
+  return s
+end
+local function wslot(w, at) -- 1-based; below 1 once that sub-window has left
+  local i = idiv(at, w.sub) - w.base + 1
+  if i > w.m then i = w.m end
+  return i
+end
+local function wwait(w, kk)
+  local excess = wsum(w) + kk - w.rate
+  if excess <= 0 then return 0 end
+  local dropped = 0
+  for i = 1, w.m do
+    dropped = dropped + w.c[i]
+    if dropped >= excess then return (w.base + i) * w.sub + w.per - w.last end
+  end
+  return w.per
+end
+local function wreset(w)
+  for i = w.m, 1, -1 do
+    if w.c[i] > 0 then return (w.base + i) * w.sub + w.per - w.last end
+  end
+  return 0
+end
+
+local function avail(p)
+  if p.window then
+    local a = p.rate - wsum(p)
+    if a < 0 then a = 0 end
+    return a
+  end
+  return p.level
+end
+local function used(p)
+  if p.window then return wsum(p) end
+  return p.burst - p.level
+end
+local function fresh(l, u)
+  if l.kind == 'w' then
+    local w = wnew(l.rate, l.per, now)
+    if u > 0 then w.c[wslot(w, now)] = math.min(u, maxdebt) end
+    return w
+  end
+  if u < 0 then u = 0 end
+  if u > l.burst then u = l.burst end
+  return {level = l.burst - u, carry = 0, last = now, burst = l.burst, rate = l.rate, per = l.per}
+end
+local function same(p, l)
+  if p.window then return l.kind == 'w' and p.rate == l.rate and p.per == l.per end
+  return l.kind == 'g' and p.rate == l.rate and p.per == l.per and p.burst == l.burst
+end
+local function rescale(p, l)
+  if not p.window and l.kind == 'g' then
+    if p.level >= 0 then
+      local u = p.burst - p.level
+      if u > l.burst then u = l.burst end
+      p.level = l.burst - u
+    end
+    p.carry = 0; p.burst = l.burst; p.rate = l.rate; p.per = l.per
+    return p
+  elseif p.window and l.kind == 'w' and p.per == l.per then
+    p.rate = l.rate
+    return p
+  elseif p.window and l.kind == 'w' then
+    local w = fresh(l, 0)
+    local last = wreset(p)
+    if last > 0 then
+      local i = wslot(w, now + last - p.per - 1)
+      if i < 1 then i = 1 end
+      w.c[i] = math.min(wsum(p), maxdebt)
+    end
+    return w
+  end
+  return fresh(l, used(p))
+end
+
+local ls = {}
+for i = 1, k do
+  local a = 10 + (i - 1) * 4
+  ls[i] = {kind = ARGV[a + 1], rate = tonumber(ARGV[a + 2]), per = tonumber(ARGV[a + 3]), burst = tonumber(ARGV[a + 4])}
+end
+
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) == 'table' and raw.err then
+  return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
+end
+local bad = 'LEASEHOLD_CORRUPT bucket holds a value leasehold did not write'
+local created, stale = 0, 0
+local sver, parts = version, {}
+if not raw then
+  created = 1
+  for i = 1, k do parts[i] = fresh(ls[i], 0) end
+else
+  if string.sub(raw, 1, 2) == 'S ' then
+    local ver, nparts, rest = string.match(raw, '^S (%d+) (%d+)(.*)$')
+    if not ver then return redis.error_reply(bad) end
+    sver = tonumber(ver)
+    for seg in string.gmatch(rest, ';([^;]*)') do
+      local kind = string.sub(seg, 1, 1)
+      local f = {}
+      for x in string.gmatch(string.sub(seg, 3), '%S+') do f[#f + 1] = tonumber(x) end
+      local p
+      if kind == 'g' and #f == 6 then
+        p = {level = f[1], carry = f[2], last = f[3], burst = f[4], rate = f[5], per = f[6]}
+        if not p.rate or p.rate < 1 or p.per < 1 or p.burst < 1 or p.carry >= p.per then return redis.error_reply(bad) end
+      elseif kind == 'w' and #f >= 5 then
+        p = wnew(f[3], f[4], f[2])
+        p.base = f[1]
+        if not p.rate or p.rate < 1 or #f ~= 4 + p.m then return redis.error_reply(bad) end
+        for i = 1, p.m do p.c[i] = f[4 + i] end
+      else
+        return redis.error_reply(bad)
+      end
+      parts[#parts + 1] = p
+    end
+    if #parts ~= tonumber(nparts) or #parts < 1 then return redis.error_reply(bad) end
+  else
+    local level, carry, last, ver, sburst, srate, sper =
+      string.match(raw, '^(%-?%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+    if not level then return redis.error_reply(bad) end
+    sver = tonumber(ver)
+    parts[1] = {level = tonumber(level), carry = tonumber(carry), last = tonumber(last), burst = tonumber(sburst),
+      rate = tonumber(srate), per = tonumber(sper)}
+    local p = parts[1]
+    if p.rate < 1 or p.per < 1 or p.burst < 1 or p.carry >= p.per then
+      return redis.error_reply('LEASEHOLD_CORRUPT bucket state out of range')
+    end
+  end
+  for i = 1, #parts do
+    if parts[i].window then wshift(parts[i]) else grefill(parts[i]) end
+  end
+  if sver > version then
+    stale = 1
+  else
+    local match = #parts == k
+    if match then
+      for i = 1, k do if not same(parts[i], ls[i]) then match = false end end
+    end
+    if sver < version or not match then
+      local np = {}
+      for i = 1, k do
+        if parts[i] then np[i] = rescale(parts[i], ls[i]) else np[i] = fresh(ls[i], 0) end
+      end
+      parts = np
+      sver = version
+    end
+  end
+end
+
+local granted, retry, binding = 0, 0, 0
+if op == 'lease' then
+  if stale == 0 then
+    local least = avail(parts[1])
+    for i = 2, #parts do
+      local a = avail(parts[i])
+      if a < least then least = a; binding = i - 1 end
+    end
+    if least >= n then granted = n
+    elseif least >= need then granted = least
+    else
+      for i = 1, #parts do
+        local p, w = parts[i], 0
+        if p.window then w = wwait(p, need) else w = gwait(p, p.level - need, 0) end
+        if w > retry then retry = w; binding = i - 1 end
+      end
+    end
+    if granted > 0 then
+      for i = 1, #parts do
+        local p = parts[i]
+        if p.window then
+          local s = wslot(p, p.last + hold)
+          p.c[s] = p.c[s] + granted
+        else p.level = p.level - granted end
+      end
+    end
+  end
+elseif op == 'return' then
+  for i = 1, #parts do
+    local p = parts[i]
+    if p.window then
+      if since > 0 then
+        local s = wslot(p, since + hold)
+        if s >= 1 then
+          p.c[s] = p.c[s] - n
+          if p.c[s] < 0 then p.c[s] = 0 end
+        end
+      end
+    else
+      p.level = p.level + n
+      if p.level >= p.burst then p.level = p.burst; p.carry = 0 end
+    end
+  end
+elseif op == 'debit' then
+  for i = 1, #parts do
+    local p = parts[i]
+    if p.window then
+      local s = wslot(p, p.last)
+      p.c[s] = math.min(p.c[s] + n, maxdebt)
+    else
+      p.level = p.level - n
+      if p.level < floor then p.level = floor end
+    end
+  end
+else
+  return redis.error_reply('LEASEHOLD_BADOP ' .. tostring(op))
+end
+
+local remaining, reset = avail(parts[1]), 0
+local out = {string.format('S %.0f %d', sver, #parts)}
+for i = 1, #parts do
+  local p = parts[i]
+  local a, r = avail(p), 0
+  if a < remaining then remaining = a end
+  if p.window then
+    r = wreset(p)
+    local seg = {string.format('w %.0f %.0f %.0f %.0f', p.base, p.last, p.rate, p.per)}
+    for j = 1, p.m do seg[j + 1] = string.format('%012.0f', p.c[j]) end
+    out[i + 1] = table.concat(seg, ' ')
+  else
+    r = gwait(p, p.level, p.burst)
+    out[i + 1] = string.format('g %.0f %.0f %.0f %.0f %.0f %.0f', p.level, p.carry, p.last, p.burst, p.rate, p.per)
+  end
+  if r > reset then reset = r end
+end
+local ttl = math.floor(reset / 1000 + 0.5) + margin
+redis.call('SET', KEYS[1], table.concat(out, ';'), 'PX', ttl)
+if remaining < 0 then remaining = 0 end
+return {granted, 0, remaining, retry, reset, now, sver, stale, created, binding}
+`
+
+var shapeScript = redis.NewScript(shapeLua)

@@ -104,8 +104,30 @@ type Request struct {
 	Need int64
 	// MaxDelay lets a Lease on an empty bucket grant N tokens that become
 	// spendable only after Result.Delay, a GCRA reservation, provided the
-	// delay is at most MaxDelay. 0 never future-dates.
+	// delay is at most MaxDelay. 0 never future-dates. Shaped buckets
+	// (Window, Also) never future-date.
 	MaxDelay time.Duration
+
+	// Window makes Limit and every limit in Also a sliding window: at
+	// most Rate tokens in any interval of length Period (Burst must equal
+	// Rate), counted in WindowSlots sub-windows per Period.
+	Window bool
+	// Also lists more limits the bucket enforces together with Limit, of
+	// the same algorithm: a lease fits all of them, in one atomic call.
+	Also []local.Limit
+	// Hold is how long after a Lease the caller may still spend granted
+	// tokens; a sliding window counts them in the sub-window of the call
+	// plus Hold, so that a window sees them whenever they are spent. At
+	// most the shortest Period. A Return names the same Hold.
+	Hold time.Duration
+	// Since is, for a Return to a sliding window, the store time (a
+	// Result.Now) of the earliest grant the returned tokens may come
+	// from: they leave the sub-window of Since plus Hold. The zero value
+	// gives nothing back to windows (their tokens lapse on their own).
+	Since time.Time
+	// Tier names which of a policy's tiers the key is under ("" for the
+	// policy's own limit); each tier's buckets are apart from the others'.
+	Tier string
 }
 
 // Result is the bucket's answer.
@@ -134,6 +156,10 @@ type Result struct {
 	// is new, expired after its TTL, or was removed by someone else (for
 	// instance evicted by a Redis under memory pressure).
 	Created bool
+	// Binding is which limit decided, for shaped buckets: 0 for Limit, i
+	// for Also[i-1]. On a refusal it is the limit with the longest wait,
+	// otherwise the one with the fewest tokens left.
+	Binding int
 }
 
 // Reply is one answer of a Batch.
@@ -172,6 +198,9 @@ type Store interface {
 // input gets the same error everywhere.
 func validate(op Op, r *Request) (exact.Micros, error) {
 	if err := validateKey(r.Prefix, r.Policy, r.Key); err != nil {
+		return exact.Micros{}, err
+	}
+	if err := ValidateTier(r.Tier); err != nil {
 		return exact.Micros{}, err
 	}
 	if r.Version > MaxVersion {
@@ -231,6 +260,25 @@ func validateKey(prefix, policy, key string) error {
 	for i := 0; i < len(prefix); i++ {
 		if prefix[i] == '{' || prefix[i] == '}' {
 			return fmt.Errorf("%w: prefix %q contains a brace", ErrInvalidKey, prefix)
+		}
+	}
+	return nil
+}
+
+// MaxTierLen is the longest tier name accepted, in bytes.
+const MaxTierLen = 64
+
+// ValidateTier reports whether name can name a tier: "" (none), or 1 to
+// MaxTierLen letters, digits, '.', '_' or '-'.
+func ValidateTier(name string) error {
+	if len(name) > MaxTierLen {
+		return fmt.Errorf("%w: tier name of %d bytes, limit %d", ErrInvalidPolicy, len(name), MaxTierLen)
+	}
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return fmt.Errorf("%w: tier %q: only letters, digits, '.', '_' and '-'", ErrInvalidPolicy, name)
 		}
 	}
 	return nil

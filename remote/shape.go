@@ -1,0 +1,425 @@
+package remote
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/exact"
+	"github.com/leasehold/leasehold/local"
+)
+
+// WindowSlots is how many sub-windows a sliding window's Period is cut
+// into. A sub-window's tokens count until the whole sub-window has left
+// the window, so a window is exact to Period/WindowSlots and never admits
+// more than its Rate.
+const WindowSlots = 20
+
+// shaped reports whether r needs the shape script: a sliding window, or
+// more than one limit.
+func (r *Request) shaped() bool { return r.Window || len(r.Also) > 0 }
+
+// part is one limit of a shaped bucket: a token bucket (exactly the plain
+// bucket's state) or a sliding window of sub-window counters.
+type part struct {
+	window bool
+	g      state // token bucket; version unused
+	w      window
+}
+
+// window is a sliding window: at most rate tokens in any interval of per
+// µs, counted in sub-windows of sub µs. counts[i] holds the tokens of
+// sub-window base+i; a sub-window's tokens count until (base+i+1)·sub+per.
+// counts has a fixed length (slots), so the state does not grow with
+// traffic.
+type window struct {
+	rate, per, sub int64
+	last           int64 // µs of the store clock at the last update
+	base           int64
+	counts         []int64
+}
+
+// shapeState is a shaped bucket: its policy version and one part per limit,
+// in the request's order (Limit, then Also).
+type shapeState struct {
+	version uint64
+	parts   []part
+}
+
+// shapeLimit is one limit of a shaped request in store units: a token
+// bucket in lowest terms, or a window's rate and period in µs as given
+// (a window is not reducible: 1 000 per 10 s is not 1 per 10 ms).
+type shapeLimit struct {
+	window bool
+	m      exact.Micros
+}
+
+// validateShape checks the limits of a shaped request and returns them in
+// store units; cap is the largest n any one call may ask for.
+func validateShape(op Op, r *Request) ([]shapeLimit, error) {
+	all := append([]local.Limit{r.Limit}, r.Also...)
+	out := make([]shapeLimit, len(all))
+	shortest := time.Duration(1<<63 - 1)
+	capN := local.MaxBurst
+	for i, l := range all {
+		m, err := exact.Reduce(l.Rate, l.Period, l.Burst)
+		if err != nil {
+			return nil, fmt.Errorf("remote: policy %q limit %d: %w", r.Policy, i, err)
+		}
+		if r.Window {
+			if l.Burst != l.Rate || l.Rate > local.MaxBurst {
+				return nil, fmt.Errorf("remote: policy %q limit %d: %w: a sliding window's burst is its rate (%d), not %d",
+					r.Policy, i, local.ErrInvalidLimit, l.Rate, l.Burst)
+			}
+			m = exact.Micros{Rate: l.Rate, Per: int64(l.Period / time.Microsecond), Burst: l.Rate}
+		}
+		out[i] = shapeLimit{window: r.Window, m: m}
+		shortest = min(shortest, l.Period)
+		capN = min(capN, m.Burst)
+	}
+	if len(out) > MaxLimits {
+		return nil, fmt.Errorf("remote: policy %q: %w: %d limits, at most %d", r.Policy, ErrInvalidPolicy, len(out), MaxLimits)
+	}
+	if r.Hold < 0 || (r.Window && r.Hold > shortest) {
+		return nil, fmt.Errorf("remote: policy %q: %w: hold %v outside [0, %v]", r.Policy, local.ErrInvalidLimit, r.Hold, shortest)
+	}
+	if op == OpLease && r.N > capN {
+		return nil, fmt.Errorf("remote: lease %d on %q, tightest limit %d: %w", r.N, r.Key, capN, local.ErrExceedsBurst)
+	}
+	return out, nil
+}
+
+// MaxLimits is the most limits one policy may carry (Limit and Also).
+const MaxLimits = 8
+
+func newWindow(l shapeLimit, now int64) window {
+	w := window{rate: l.m.Rate, per: l.m.Per, last: now}
+	w.sub = max(1, w.per/WindowSlots)
+	w.counts = make([]int64, 2*cdiv(w.per, w.sub)+2)
+	w.base, _ = idiv(now-w.per, w.sub)
+	return w
+}
+
+// shift moves the window to now: sub-windows that have wholly left it are
+// dropped. A clock that stepped back keeps the window where it was.
+func (w *window) shift(now int64) {
+	if now <= w.last {
+		return
+	}
+	w.last = now
+	lo, _ := idiv(now-w.per, w.sub)
+	d := lo - w.base
+	if d <= 0 {
+		return
+	}
+	n := int64(len(w.counts))
+	for i := range w.counts {
+		if j := int64(i) + d; j < n {
+			w.counts[i] = w.counts[j]
+		} else {
+			w.counts[i] = 0
+		}
+	}
+	w.base = lo
+}
+
+func (w *window) sum() int64 {
+	var s int64
+	for _, c := range w.counts {
+		s += c
+	}
+	return s
+}
+
+// slot returns the index of the sub-window holding store time at, clamped
+// to the last slot; negative when that sub-window has left the window.
+func (w *window) slot(at int64) int64 {
+	q, _ := idiv(at, w.sub)
+	return min(q-w.base, int64(len(w.counts))-1)
+}
+
+// wait returns the µs until k more tokens fit in the window.
+func (w *window) wait(k int64) int64 {
+	excess := w.sum() + k - w.rate
+	if excess <= 0 {
+		return 0
+	}
+	var dropped int64
+	for i, c := range w.counts {
+		if dropped += c; dropped >= excess {
+			return (w.base+int64(i)+1)*w.sub + w.per - w.last
+		}
+	}
+	return w.per
+}
+
+// reset returns the µs until the window holds no tokens.
+func (w *window) reset() int64 {
+	for i := len(w.counts) - 1; i >= 0; i-- {
+		if w.counts[i] > 0 {
+			return (w.base+int64(i)+1)*w.sub + w.per - w.last
+		}
+	}
+	return 0
+}
+
+// avail returns the tokens a part can give now.
+func (p *part) avail() int64 {
+	if p.window {
+		return max(p.w.rate-p.w.sum(), 0)
+	}
+	return p.g.level
+}
+
+// waitFor returns the µs until the part can give k tokens.
+func (p *part) waitFor(k int64) int64 {
+	if p.window {
+		return p.w.wait(k)
+	}
+	return p.g.waitFor(p.g.level-k, 0)
+}
+
+func (p *part) resetAfter() int64 {
+	if p.window {
+		return p.w.reset()
+	}
+	return p.g.waitFor(p.g.level, p.g.burst)
+}
+
+// used is what a part has taken: tokens in the window, or the bucket's
+// deficit below full; carried into another kind on a policy change.
+func (p *part) used() int64 {
+	if p.window {
+		return p.w.sum()
+	}
+	return p.g.burst - p.g.level
+}
+
+func (p *part) same(l shapeLimit) bool {
+	if p.window {
+		return l.window && p.w.rate == l.m.Rate && p.w.per == l.m.Per
+	}
+	return !l.window && p.g.rate == l.m.Rate && p.g.per == l.m.Per && p.g.burst == l.m.Burst
+}
+
+// freshPart returns a new part for l at now: a full bucket or an empty
+// window, with used tokens already taken.
+func freshPart(l shapeLimit, now, used int64) part {
+	if l.window {
+		w := newWindow(l, now)
+		if used > 0 {
+			w.counts[w.slot(now)] = min(used, maxDebt)
+		}
+		return part{window: true, w: w}
+	}
+	used = min(max(used, 0), l.m.Burst)
+	return part{g: state{level: l.m.Burst - used, last: now, burst: l.m.Burst, rate: l.m.Rate, per: l.m.Per}}
+}
+
+// rescale moves old, refilled to now, to the limit l of a newer policy:
+// tokens used are kept (clamped to a bucket's new burst), and a window
+// keeps its counters when its period is unchanged.
+func rescale(old part, l shapeLimit, now int64) part {
+	switch {
+	case !old.window && !l.window:
+		g := old.g
+		if g.level >= 0 {
+			g.level = l.m.Burst - min(g.burst-g.level, l.m.Burst)
+		}
+		g.carry, g.burst, g.rate, g.per = 0, l.m.Burst, l.m.Rate, l.m.Per
+		return part{g: g}
+	case old.window && l.window && old.w.per == l.m.Per:
+		old.w.rate = l.m.Rate
+		return old
+	case old.window && l.window:
+		// Another period: the old counts all move to the sub-window of
+		// the old window's latest one, so they count at least as long.
+		nw := freshPart(l, now, 0)
+		if last := old.w.reset(); last > 0 {
+			nw.w.counts[max(nw.w.slot(now+last-old.w.per-1), 0)] = min(old.w.sum(), maxDebt)
+		}
+		return nw
+	}
+	return freshPart(l, now, old.used())
+}
+
+// refresh brings every part to now.
+func (s *shapeState) refresh(now int64) {
+	for i := range s.parts {
+		if p := &s.parts[i]; p.window {
+			p.w.shift(now)
+		} else {
+			p.g.refill(now)
+		}
+	}
+}
+
+// applyShape runs op on a shaped bucket at store time now: the Go twin of
+// shapeLua. A lease takes the same tokens from every part: n if all have
+// them, else the fewest any part has if that covers need, else
+// nothing, with the longest wait for need. Binding is the part that held
+// the fewest tokens, or on a refusal the one with the longest wait.
+func applyShape(st shapeState, exists bool, op Op, r *Request, ls []shapeLimit, now int64) (shapeState, Result) {
+	stale := false
+	switch {
+	case !exists:
+		st = shapeState{version: r.Version, parts: make([]part, len(ls))}
+		for i, l := range ls {
+			st.parts[i] = freshPart(l, now, 0)
+		}
+	case st.version > r.Version:
+		stale = true
+		st.refresh(now)
+	default:
+		st.refresh(now)
+		if st.version < r.Version || !st.matches(ls) {
+			parts := make([]part, len(ls))
+			for i, l := range ls {
+				if i < len(st.parts) {
+					parts[i] = rescale(st.parts[i], l, now)
+				} else {
+					parts[i] = freshPart(l, now, 0)
+				}
+			}
+			st.parts, st.version = parts, r.Version
+		}
+	}
+	var granted, retry int64
+	binding := 0
+	switch op {
+	case OpLease:
+		if stale {
+			break
+		}
+		least := st.parts[0].avail()
+		for i := range st.parts {
+			if a := st.parts[i].avail(); a < least {
+				least, binding = a, i
+			}
+		}
+		switch {
+		case least >= r.N:
+			granted = r.N
+		case least >= r.Need: // no future-dating, so min changes nothing
+			granted = least
+		default:
+			for i := range st.parts {
+				if w := st.parts[i].waitFor(r.Need); w > retry {
+					retry, binding = w, i
+				}
+			}
+		}
+		if granted > 0 {
+			for i := range st.parts {
+				if p := &st.parts[i]; p.window {
+					p.w.counts[p.w.slot(p.w.last+int64(r.Hold/time.Microsecond))] += granted
+				} else {
+					p.g.level -= granted
+				}
+			}
+		}
+	case OpReturn:
+		for i := range st.parts {
+			if p := &st.parts[i]; p.window {
+				if r.Since.IsZero() {
+					continue
+				}
+				if k := p.w.slot(r.Since.UnixMicro() + int64(r.Hold/time.Microsecond)); k >= 0 {
+					p.w.counts[k] = max(p.w.counts[k]-r.N, 0)
+				}
+			} else {
+				p.g.level = min(p.g.level+r.N, p.g.burst)
+				if p.g.level >= p.g.burst {
+					p.g.carry = 0
+				}
+			}
+		}
+	case OpDebit:
+		for i := range st.parts {
+			if p := &st.parts[i]; p.window {
+				k := p.w.slot(p.w.last)
+				p.w.counts[k] = min(p.w.counts[k]+r.N, maxDebt)
+			} else {
+				p.g.level = max(p.g.level-r.N, -maxDebt)
+			}
+		}
+	}
+	remaining, reset := st.parts[0].avail(), int64(0)
+	for i := range st.parts {
+		remaining = min(remaining, st.parts[i].avail())
+		reset = max(reset, st.parts[i].resetAfter())
+	}
+	return st, Result{
+		Granted:    granted,
+		Remaining:  max(remaining, 0),
+		RetryAfter: time.Duration(retry) * time.Microsecond,
+		ResetAfter: time.Duration(reset) * time.Microsecond,
+		Now:        time.UnixMicro(now),
+		Version:    st.version,
+		Stale:      stale,
+		Created:    !exists,
+		Binding:    binding,
+	}
+}
+
+func (s *shapeState) matches(ls []shapeLimit) bool {
+	if len(s.parts) != len(ls) {
+		return false
+	}
+	for i, l := range ls {
+		if !s.parts[i].same(l) {
+			return false
+		}
+	}
+	return true
+}
+
+// fromPlain reads a plain bucket as a shaped one of one token bucket.
+func fromPlain(st state) shapeState {
+	return shapeState{version: st.version, parts: []part{{g: st}}}
+}
+
+// toPlain reads a shaped bucket as a plain one, for a policy that went back
+// to one token bucket: its first part if that is a bucket, else a bucket
+// that has used what the window holds. The plain rescale then applies.
+func (s *shapeState) toPlain(now int64) state {
+	p := s.parts[0]
+	if !p.window {
+		st := p.g
+		st.version = s.version
+		return st
+	}
+	p.w.shift(now)
+	used := p.w.sum()
+	return state{level: p.w.rate - min(used, p.w.rate), last: p.w.last, version: s.version, burst: p.w.rate,
+		rate: p.w.rate, per: p.w.per}
+}
+
+// String encodes the state as shapeLua keeps it; see scripts.go.
+func (s *shapeState) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "S %d %d", s.version, len(s.parts))
+	for _, p := range s.parts {
+		if p.window {
+			fmt.Fprintf(&b, ";w %d %d %d %d", p.w.base, p.w.last, p.w.rate, p.w.per)
+			for _, c := range p.w.counts {
+				fmt.Fprintf(&b, " %012d", c)
+			}
+		} else {
+			fmt.Fprintf(&b, ";g %d %d %d %d %d %d", p.g.level, p.g.carry, p.g.last, p.g.burst, p.g.rate, p.g.per)
+		}
+	}
+	return b.String()
+}
+
+// clone returns a copy of s that shares no counters with it.
+func (s shapeState) clone() shapeState {
+	parts := make([]part, len(s.parts))
+	copy(parts, s.parts)
+	for i := range parts {
+		if parts[i].window {
+			parts[i].w.counts = append([]int64(nil), parts[i].w.counts...)
+		}
+	}
+	return shapeState{version: s.version, parts: parts}
+}
