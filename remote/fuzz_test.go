@@ -3,6 +3,7 @@ package remote
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -110,7 +111,7 @@ func FuzzLimitValidate(f *testing.F) {
 		}
 		text := fmt.Sprintf("%d %d %d %d", rec.Version, lim.Rate, int64(lim.Period/time.Microsecond), lim.Burst)
 		back, err := decodePolicy("k", text)
-		if err != nil || back != rec {
+		if err != nil || !reflect.DeepEqual(back, rec) {
 			t.Fatalf("record %+v as %q decodes to %+v, %v", rec, text, back, err)
 		}
 	})

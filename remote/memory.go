@@ -29,7 +29,7 @@ type MemoryStore struct {
 type memBucket struct {
 	st       state
 	sh       *shapeState // set instead of st for a shaped bucket
-	deadline int64 // µs; the bucket is gone at or after it
+	deadline int64       // µs; the bucket is gone at or after it
 }
 
 var _ Store = (*MemoryStore)(nil)

@@ -2,6 +2,7 @@ package remote
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -21,6 +22,142 @@ const PolicyTTL = 30 * 24 * time.Hour
 type PolicyRecord struct {
 	Version uint64
 	Limit   local.Limit
+	// Window, Also and Tiers are the policy's shape (see Request): every
+	// limiter that reads the record enforces the same limits for each
+	// tier.
+	Window bool
+	Also   []local.Limit
+	Tiers  map[string]TierRecord
+}
+
+// TierRecord is the limits of one named tier of a policy.
+type TierRecord struct {
+	Limit local.Limit
+	Also  []local.Limit
+}
+
+// shapeJSON is the shape part of a policy record, after its four numbers.
+type shapeJSON struct {
+	Window bool                `json:"window,omitempty"`
+	Also   [][3]int64          `json:"also,omitempty"`
+	Tiers  map[string]tierJSON `json:"tiers,omitempty"`
+}
+
+type tierJSON struct {
+	Limit [3]int64   `json:"limit"`
+	Also  [][3]int64 `json:"also,omitempty"`
+}
+
+func limitJSON(l local.Limit) [3]int64 {
+	return [3]int64{l.Rate, int64(l.Period / time.Microsecond), l.Burst}
+}
+
+func limitsJSON(ls []local.Limit) [][3]int64 {
+	var out [][3]int64
+	for _, l := range ls {
+		out = append(out, limitJSON(l))
+	}
+	return out
+}
+
+func fromJSON(v [3]int64) (local.Limit, error) {
+	if v[1] <= 0 || v[1] > int64(local.MaxTimeToFull/time.Microsecond) {
+		return local.Limit{}, fmt.Errorf("%w: period %dµs", local.ErrInvalidLimit, v[1])
+	}
+	l := local.Limit{Rate: v[0], Period: time.Duration(v[1]) * time.Microsecond, Burst: v[2]}
+	return l, l.Validate()
+}
+
+func fromJSONs(vs [][3]int64) ([]local.Limit, error) {
+	var out []local.Limit
+	for _, v := range vs {
+		l, err := fromJSON(v)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// shape encodes the record's shape, "" when it has none.
+func (rec PolicyRecord) shape() string {
+	if !rec.Window && len(rec.Also) == 0 && len(rec.Tiers) == 0 {
+		return ""
+	}
+	j := shapeJSON{Window: rec.Window, Also: limitsJSON(rec.Also)}
+	for name, t := range rec.Tiers {
+		if j.Tiers == nil {
+			j.Tiers = map[string]tierJSON{}
+		}
+		j.Tiers[name] = tierJSON{Limit: limitJSON(t.Limit), Also: limitsJSON(t.Also)}
+	}
+	b, _ := json.Marshal(j) // maps of strings and numbers always marshal
+	return string(b)
+}
+
+// withShape decodes a record's shape into rec.
+func (rec *PolicyRecord) withShape(s string) error {
+	var j shapeJSON
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		return err
+	}
+	var err error
+	rec.Window = j.Window
+	if rec.Also, err = fromJSONs(j.Also); err != nil {
+		return err
+	}
+	for name, t := range j.Tiers {
+		var tr TierRecord
+		if tr.Limit, err = fromJSON(t.Limit); err != nil {
+			return err
+		}
+		if tr.Also, err = fromJSONs(t.Also); err != nil {
+			return err
+		}
+		if rec.Tiers == nil {
+			rec.Tiers = map[string]TierRecord{}
+		}
+		rec.Tiers[name] = tr
+	}
+	return rec.validateShape()
+}
+
+// validateShape checks what a shape adds to a record: valid limits, at
+// most MaxLimits per tier, tier names ValidateTier accepts, and sliding
+// windows whose burst is their rate.
+func (rec PolicyRecord) validateShape() error {
+	check := func(tier string, lim local.Limit, also []local.Limit) error {
+		if len(also)+1 > MaxLimits {
+			return fmt.Errorf("%w: tier %q has %d limits, at most %d", ErrInvalidPolicy, tier, len(also)+1, MaxLimits)
+		}
+		for _, l := range append([]local.Limit{lim}, also...) {
+			if err := l.Validate(); err != nil {
+				return fmt.Errorf("tier %q: %w", tier, err)
+			}
+			if rec.Window && l.Burst != l.Rate {
+				return fmt.Errorf("tier %q: %w: a sliding window's burst is its rate", tier, local.ErrInvalidLimit)
+			}
+		}
+		return nil
+	}
+	if err := check("", rec.Limit, rec.Also); err != nil {
+		return err
+	}
+	for name, t := range rec.Tiers {
+		if name == "" {
+			return fmt.Errorf("%w: empty tier name", ErrInvalidPolicy)
+		}
+		if err := ValidateTier(name); err != nil {
+			return err
+		}
+		if err := check(name, t.Limit, t.Also); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Policies is implemented by stores that keep the current version of each
@@ -51,11 +188,20 @@ func validatePolicyRecord(prefix, name string, rec PolicyRecord) error {
 	if rec.Version == 0 || rec.Version > MaxVersion {
 		return fmt.Errorf("%w: version %d outside [1, %d]", ErrInvalidPolicy, rec.Version, MaxVersion)
 	}
-	return rec.Limit.Validate()
+	if err := rec.Limit.Validate(); err != nil {
+		return err
+	}
+	return rec.validateShape()
 }
 
+// decodePolicy reads a policy record: "version rate period_us burst", then
+// optionally a space and the shape as JSON.
 func decodePolicy(key, s string) (PolicyRecord, error) {
-	f := strings.Fields(s)
+	f := strings.SplitN(s, " ", 5)
+	shape := ""
+	if len(f) == 5 {
+		shape, f = f[4], f[:4]
+	}
 	if len(f) != 4 {
 		return PolicyRecord{}, fmt.Errorf("remote: policy %q: %w: record %q", key, ErrCorruptState, s)
 	}
@@ -74,6 +220,11 @@ func decodePolicy(key, s string) (PolicyRecord, error) {
 	if err := rec.Limit.Validate(); err != nil {
 		return PolicyRecord{}, fmt.Errorf("remote: policy %q: %w: %w", key, ErrCorruptState, err)
 	}
+	if shape != "" {
+		if err := rec.withShape(shape); err != nil {
+			return PolicyRecord{}, fmt.Errorf("remote: policy %q: %w: shape: %w", key, ErrCorruptState, err)
+		}
+	}
 	return rec, nil
 }
 
@@ -83,7 +234,7 @@ func (s *RedisStore) SetPolicy(ctx context.Context, prefix, name string, rec Pol
 		return PolicyRecord{}, false, err
 	}
 	key := PolicyKey(prefix, name)
-	v, err := setPolicyScript.Run(ctx, s.c, []string{key}, rec.Version, rec.Limit.Rate, int64(rec.Limit.Period/time.Microsecond), rec.Limit.Burst, PolicyTTL.Milliseconds()).Slice()
+	v, err := setPolicyScript.Run(ctx, s.c, []string{key}, rec.Version, rec.Limit.Rate, int64(rec.Limit.Period/time.Microsecond), rec.Limit.Burst, PolicyTTL.Milliseconds(), rec.shape()).Slice()
 	if err != nil {
 		return PolicyRecord{}, false, classify(key, err)
 	}

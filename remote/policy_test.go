@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -33,7 +34,7 @@ func TestPolicyRecordsEverywhere(t *testing.T) {
 			time.Sleep(50 * time.Millisecond) // let a real SUBSCRIBE land before publishing
 			cur, applied, err := ps.SetPolicy(ctx, "", name, v2)
 			require.NoError(t, err)
-			if !applied || cur != v2 {
+			if !applied || !reflect.DeepEqual(cur, v2) {
 				t.Fatalf("SetPolicy(v2) = %+v, %v", cur, applied)
 			}
 			select {
@@ -43,11 +44,11 @@ func TestPolicyRecordsEverywhere(t *testing.T) {
 			}
 			cur, applied, err = ps.SetPolicy(ctx, "", name, v1)
 			require.NoError(t, err)
-			if applied || cur != v2 {
+			if applied || !reflect.DeepEqual(cur, v2) {
 				t.Fatalf("SetPolicy(v1) over v2 = %+v, %v; want v2, not applied", cur, applied)
 			}
 			got, ok, err := ps.GetPolicy(ctx, "", name)
-			if err != nil || !ok || got != v2 {
+			if err != nil || !ok || !reflect.DeepEqual(got, v2) {
 				t.Fatalf("GetPolicy = %+v, %v, %v", got, ok, err)
 			}
 			if be.client != nil {
@@ -100,5 +101,50 @@ func TestFleetHeartbeatsEverywhere(t *testing.T) {
 				t.Fatalf("Heartbeat(empty member) = %v, want ErrInvalidKey", err)
 			}
 		})
+	}
+}
+
+// TestShapedPolicyRecord stores a policy with windows, a second limit and
+// tiers, on every backend, and reads the same shape back; a newer plain
+// record then replaces it.
+func TestShapedPolicyRecord(t *testing.T) {
+	ctx := context.Background()
+	shaped := PolicyRecord{Version: 3, Limit: local.PerSecond(10), Window: true,
+		Also: []local.Limit{local.PerHour(1000)},
+		Tiers: map[string]TierRecord{
+			"free": {Limit: local.PerSecond(1)},
+			"paid": {Limit: local.PerSecond(100), Also: []local.Limit{local.PerMinute(3000)}},
+		}}
+	plain := PolicyRecord{Version: 4, Limit: local.PerSecond(7)}
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ps := be.store.(Policies)
+			name := "shaped-" + be.name + time.Now().Format("150405.000000")
+			cur, applied, err := ps.SetPolicy(ctx, "", name, shaped)
+			require.NoError(t, err)
+			require.True(t, applied)
+			require.Equal(t, shaped, cur)
+			got, ok, err := ps.GetPolicy(ctx, "", name)
+			require.NoError(t, err)
+			require.True(t, ok)
+			require.Equal(t, shaped, got)
+			_, applied, err = ps.SetPolicy(ctx, "", name, plain)
+			require.NoError(t, err)
+			require.True(t, applied)
+			got, _, err = ps.GetPolicy(ctx, "", name)
+			require.NoError(t, err)
+			require.Equal(t, plain, got)
+		})
+	}
+	bad := []PolicyRecord{
+		{Version: 1, Limit: local.Limit{Rate: 10, Period: time.Second, Burst: 20}, Window: true},
+		{Version: 1, Limit: local.PerSecond(1), Tiers: map[string]TierRecord{"a b": {Limit: local.PerSecond(1)}}},
+		{Version: 1, Limit: local.PerSecond(1), Also: []local.Limit{{Rate: 1}}},
+	}
+	for i, rec := range bad {
+		_, _, err := NewMemory(nil).SetPolicy(ctx, "", "p", rec)
+		if !errors.Is(err, ErrInvalidPolicy) && !errors.Is(err, local.ErrInvalidLimit) {
+			t.Errorf("bad record %d: error %v, want ErrInvalidPolicy or ErrInvalidLimit", i, err)
+		}
 	}
 }

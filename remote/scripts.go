@@ -203,8 +203,10 @@ return redis.call('ZCARD', KEYS[1])
 var heartbeatScript = redis.NewScript(heartbeatLua)
 
 // setPolicyLua stores a policy record if its version is newer.
-// KEYS[1] the policy key; ARGV: version, rate, period µs, burst, ttl ms.
-// The record is the string "version rate period_us burst". Like every key
+// KEYS[1] the policy key; ARGV: version, rate, period µs, burst, ttl ms,
+// shape. The record is the string "version rate period_us burst", followed
+// by a space and the shape (JSON, see PolicyRecord) when there is one.
+// Like every key
 // leasehold writes it has a TTL, a long one (PolicyTTL): limiters republish
 // the version they enforce when they find no record, so an expired record
 // heals itself at the next poll.
@@ -212,17 +214,18 @@ var heartbeatScript = redis.NewScript(heartbeatLua)
 // Every applied change is PUBLISHed on the policy key's name.
 var setPolicyLua = `
 if redis.replicate_commands then pcall(redis.replicate_commands) end
-local version, rate, period, burst, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local version, rate, period, burst, ttl, shape = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local cur = redis.pcall('GET', KEYS[1])
 if type(cur) == 'table' and cur.err then
   return redis.error_reply('LEASEHOLD_CORRUPT ' .. cur.err)
 end
 if cur then
-  local stored = string.match(cur, '^(%d+) %d+ %d+ %d+$')
+  local stored = string.match(cur, '^(%d+) %d+ %d+ %d+$') or string.match(cur, '^(%d+) %d+ %d+ %d+ {')
   if not stored then return redis.error_reply('LEASEHOLD_CORRUPT policy record') end
   if tonumber(stored) >= tonumber(version) then return {0, cur} end
 end
 local rec = version .. ' ' .. rate .. ' ' .. period .. ' ' .. burst
+if shape and shape ~= '' then rec = rec .. ' ' .. shape end
 redis.call('SET', KEYS[1], rec, 'PX', ttl)
 redis.call('PUBLISH', KEYS[1], rec)
 return {1, rec}
@@ -257,10 +260,13 @@ var peekScript = redis.NewScript(peekLua)
 // ARGV[7]  margin: ms a key outlives its time to empty/full
 // ARGV[8]  hold: µs after a lease its tokens may be spent
 // ARGV[9]  since: µs of store time of the earliest grant a return gives
-//          back (0: none)
+//
+//	back (0: none)
+//
 // ARGV[10] the number of limits k, then k times: kind ("g" bucket, "w"
-//          window), rate, per (µs; a bucket's in lowest terms, a window's
-//          period as given), burst
+//
+//	window), rate, per (µs; a bucket's in lowest terms, a window's
+//	period as given), burst
 //
 // State, a string: "S version k" then one ";"-separated part per limit:
 //
