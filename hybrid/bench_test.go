@@ -14,9 +14,25 @@ import (
 // for any benchmark: the fast path never runs dry, so the benchmark
 // measures exactly the decision on a leased key.
 func hotLimiter(tb testing.TB) *Limiter {
+	return hotLimiterOf(tb, Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}})
+}
+
+// benchPolicies are the policy shapes a leased decision must cost the same
+// on: one token bucket, a sliding window, and two limits.
+var benchPolicies = []struct {
+	name string
+	p    Policy
+}{
+	{"gcra", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}}},
+	{"window", Policy{Name: "bench", Limit: Limit{Rate: 1e12, Period: time.Second, Burst: 1e12}, Algorithm: SlidingWindow}},
+	{"composite", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12},
+		Also: []Limit{{Rate: 1e12, Period: time.Hour, Burst: 1e12}}}},
+}
+
+func hotLimiterOf(tb testing.TB, p Policy) *Limiter {
 	tb.Helper()
 	w := newFakeWorld()
-	l, err := New(w.store, Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}}, WithClock(w.clk))
+	l, err := New(w.store, p, WithClock(w.clk))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -34,19 +50,21 @@ func hotLimiter(tb testing.TB) *Limiter {
 }
 
 func TestAllowOnLeasedKeyAllocatesNothing(t *testing.T) {
-	l := hotLimiter(t)
-	ctx := context.Background()
-	if a := testing.AllocsPerRun(10000, func() { l.Allow(ctx, "hot") }); a != 0 {
-		t.Fatalf("Allow on a leased key allocates %v per call, want 0", a)
-	}
-	if a := testing.AllocsPerRun(10000, func() { _, _ = l.AllowN(ctx, "hot", 3) }); a != 0 {
-		t.Fatalf("AllowN on a leased key allocates %v per call, want 0", a)
+	for _, bp := range benchPolicies {
+		l := hotLimiterOf(t, bp.p)
+		ctx := context.Background()
+		if a := testing.AllocsPerRun(10000, func() { l.Allow(ctx, "hot") }); a != 0 {
+			t.Fatalf("%s: Allow on a leased key allocates %v per call, want 0", bp.name, a)
+		}
+		if a := testing.AllocsPerRun(10000, func() { _, _ = l.AllowN(ctx, "hot", 3) }); a != 0 {
+			t.Fatalf("%s: AllowN on a leased key allocates %v per call, want 0", bp.name, a)
+		}
 	}
 }
 
-// BenchmarkAllow compares Allow on a leased hot key with x/time/rate's
-// Allow in the same run, serial and parallel. Compare ratios, not absolute
-// numbers.
+// BenchmarkAllow compares Allow on a leased hot key, under each policy
+// shape, with x/time/rate's Allow in the same run, serial and parallel.
+// Compare ratios, not absolute numbers.
 func BenchmarkAllow(b *testing.B) {
 	ctx := context.Background()
 	for _, par := range []bool{false, true} {
@@ -54,32 +72,34 @@ func BenchmarkAllow(b *testing.B) {
 		if par {
 			mode = "parallel"
 		}
-		b.Run(fmt.Sprintf("impl=hybrid/%s", mode), func(b *testing.B) {
-			l := hotLimiter(b)
-			b.ReportAllocs()
-			b.ResetTimer()
-			if par {
-				b.RunParallel(func(pb *testing.PB) {
-					for pb.Next() {
+		for _, bp := range benchPolicies {
+			b.Run(fmt.Sprintf("impl=hybrid/policy=%s/%s", bp.name, mode), func(b *testing.B) {
+				l := hotLimiterOf(b, bp.p)
+				b.ReportAllocs()
+				b.ResetTimer()
+				if par {
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if !l.Allow(ctx, "hot") {
+								b.Error("rejected")
+								return
+							}
+						}
+					})
+				} else {
+					for i := 0; i < b.N; i++ {
 						if !l.Allow(ctx, "hot") {
-							b.Error("rejected")
-							return
+							b.Fatal("rejected")
 						}
 					}
-				})
-			} else {
-				for i := 0; i < b.N; i++ {
-					if !l.Allow(ctx, "hot") {
-						b.Fatal("rejected")
-					}
 				}
-			}
-			b.StopTimer()
-			// The workload must be what it claims: every call on the lease.
-			if s := l.Stats(); s.StoreCalls > 1 || s.Source(SourceLease).Admitted < int64(b.N) {
-				b.Fatalf("benchmark left the fast path: %+v", s)
-			}
-		})
+				b.StopTimer()
+				// The workload must be what it claims: every call on the lease.
+				if s := l.Stats(); s.StoreCalls > 1 || s.Source(SourceLease).Admitted < int64(b.N) {
+					b.Fatalf("benchmark left the fast path: %+v", s)
+				}
+			})
+		}
 		b.Run(fmt.Sprintf("impl=x-time-rate/%s", mode), func(b *testing.B) {
 			lim := rate.NewLimiter(rate.Limit(1e12), math.MaxInt32)
 			b.ReportAllocs()

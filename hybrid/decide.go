@@ -24,7 +24,7 @@ const maxStoreRounds = 3
 func (l *Limiter) Allow(ctx context.Context, key string) bool {
 	// The lookup and spend are inlined (no call on a leased key): each
 	// extra call measurably slows BenchmarkAllow.
-	if e := l.keys.entries.load(key); e != nil {
+	if e := l.keys.entries.load(key); e != nil && (l.cfg.tierOf == nil || l.inTier(e, key)) {
 		if ok, low, _ := e.spend(1); ok {
 			if low {
 				l.leaser.refillAsync(e)
@@ -43,17 +43,30 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 // bucket whose Redis key holds data leasehold did not write
 // (remote.ErrCorruptState).
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
-	if e := l.keys.entries.load(key); e != nil && n > 0 {
+	if e := l.keys.entries.load(key); e != nil && n > 0 && (l.cfg.tierOf == nil || l.inTier(e, key)) {
 		if ok, low, left := e.spend(n); ok {
 			if low {
 				l.leaser.refillAsync(e)
 			}
-			lim, now := l.policy.load().Limit, l.cfg.now()
-			return Decision{Allowed: true, Limit: lim, Remaining: e.remaining(lim, left, now),
+			t, now := l.policy.load().tier(e), l.cfg.now()
+			return Decision{Allowed: true, Limit: t.limits[0], Remaining: e.remaining(t.est, left, now),
 				ResetAfter: e.resetAfter(now), Source: SourceLease}, nil
 		}
 	}
 	return l.allowSlow(ctx, key, n)
+}
+
+// inTier reports whether e is under the tier WithTier names for key now.
+func (l *Limiter) inTier(e *entry, key string) bool {
+	return e.tier == l.policy.load().tierOf(l.cfg.tierOf(key))
+}
+
+// tierIndex returns the index of key's tier under p.
+func (l *Limiter) tierIndex(p *policyState, key string) uint16 {
+	if l.cfg.tierOf == nil {
+		return 0
+	}
+	return p.tierOf(l.cfg.tierOf(key))
 }
 
 // Wait blocks until one request on key is admitted or ctx ends. It is
@@ -94,12 +107,13 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) error {
 // reads the clock once per round.
 func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision, error) {
 	p := l.policy.load()
-	if err := l.checkRequest(p, key, n); err != nil {
-		return Decision{Limit: p.Limit}, err
+	tier := l.tierIndex(p, key)
+	if err := l.checkRequest(p, &p.tiers[tier], key, n); err != nil {
+		return Decision{Limit: p.tiers[tier].limits[0]}, err
 	}
-	e := l.keys.getOrCreate(key, l.closing.Load, l.releaseEntry)
+	e := l.keys.getOrCreate(key, tier, l.closing.Load, l.releaseEntry)
 	if e == nil {
-		return Decision{Limit: p.Limit}, ErrClosed
+		return Decision{Limit: p.tiers[tier].limits[0]}, ErrClosed
 	}
 	for round := 0; ; round++ {
 		p = l.policy.load() // a store reply may have brought a newer policy
@@ -131,8 +145,8 @@ func (l *Limiter) admit(e *entry, p *policyState, left int64, afterCall bool) De
 		src = SourceRemote
 		l.stats.admitted[SourceRemote].Add(1)
 	}
-	now := l.cfg.now()
-	return Decision{Allowed: true, Limit: p.Limit, Remaining: e.remaining(p.Limit, left, now), ResetAfter: e.resetAfter(now), Source: src}
+	now, t := l.cfg.now(), p.tier(e)
+	return Decision{Allowed: true, Limit: t.limits[0], Remaining: e.remaining(t.est, left, now), ResetAfter: e.resetAfter(now), Source: src}
 }
 
 // decideWithoutStore decides n on e when the store must not or need not be
@@ -151,11 +165,9 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, rou
 		return l.outage.decide(e, p, n, now), true, nil
 	}
 	until := e.releaseAt(now)
-	if e.emptyForAtMost(n) {
-		// The cached refusal was for as many tokens or fewer: it holds
-		// for n too. A smaller request may fit and asks the store.
-		until = max(until, e.emptyUntil.Load())
-	}
+	// A cached refusal for as many tokens or fewer holds for n too; a
+	// smaller request may fit and asks the store.
+	until = max(until, e.refusedUntil(n, now))
 	if now < until {
 		// Demand all the same: it sizes the next lease, and it keeps
 		// the key (and this cached answer) from being evicted as idle.
@@ -172,10 +184,10 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, rou
 	}
 	if wait, err := e.corruption(now); err != nil {
 		l.stats.rejected[SourceRemote].Add(1)
-		return Decision{Limit: p.Limit, RetryAfter: wait, Source: SourceRemote}, true, err
+		return Decision{Limit: p.tier(e).limits[0], RetryAfter: wait, Source: SourceRemote}, true, err
 	}
 	if round >= maxStoreRounds {
-		return l.reject(e, p, SourceRemote, p.Limit.DurationFor(n), now), true, nil
+		return l.reject(e, p, SourceRemote, p.tier(e).est.DurationFor(n), now), true, nil
 	}
 	return Decision{}, false, nil
 }
@@ -183,11 +195,12 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, rou
 // storeFailed decides n on e after the store call of the round that began
 // at now failed with err.
 func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n, now int64, err error) (Decision, error) {
+	lim := p.tier(e).limits[0]
 	switch {
 	case errors.Is(err, ErrClosed):
-		return Decision{Limit: p.Limit}, ErrClosed
+		return Decision{Limit: lim}, ErrClosed
 	case ctx.Err() != nil:
-		return Decision{Limit: p.Limit}, ctx.Err()
+		return Decision{Limit: lim}, ctx.Err()
 	case errors.Is(err, errSlowFlight):
 		// No answer within the store timeout: slowness is not a reason to
 		// refuse. Decide as in an outage (this process's degraded share,
@@ -207,24 +220,33 @@ func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n, 
 	// Corrupt bucket state: the store answered, but nothing it says can be
 	// trusted for this key. Refuse, and say why.
 	l.stats.rejected[SourceRemote].Add(1)
-	return Decision{Limit: p.Limit, RetryAfter: l.cfg.leaseTTL, Source: SourceRemote}, err
+	return Decision{Limit: lim, RetryAfter: l.cfg.leaseTTL, Source: SourceRemote}, err
 }
 
+// reject is the refusal of a decision on e: Limit is the limit the store
+// last said refused (the tightest of several), Remaining the estimate.
 func (l *Limiter) reject(e *entry, p *policyState, src Source, wait time.Duration, now int64) Decision {
 	l.stats.rejected[src].Add(1)
-	return Decision{Limit: p.Limit, Remaining: e.remaining(p.Limit, e.lease.Tokens(), now), RetryAfter: wait,
+	t := p.tier(e)
+	lim := t.limits[0]
+	if r := e.rare.Load(); r != nil {
+		if b := int(r.binding.Load()); b < len(t.limits) {
+			lim = t.limits[b]
+		}
+	}
+	return Decision{Limit: lim, Remaining: e.remaining(t.est, e.lease.Tokens(), now), RetryAfter: wait,
 		ResetAfter: e.resetAfter(now), Source: src}
 }
 
-func (l *Limiter) checkRequest(p *policyState, key string, n int64) error {
+func (l *Limiter) checkRequest(p *policyState, t *tierState, key string, n int64) error {
 	if err := remote.ValidateKey(l.cfg.prefix, p.Name, key); err != nil {
 		return fmt.Errorf("hybrid: %w", err)
 	}
 	if n <= 0 {
 		return fmt.Errorf("hybrid: allow %d on %.64q: %w", n, key, ErrInvalidN)
 	}
-	if n > p.Limit.Burst {
-		return fmt.Errorf("hybrid: allow %d on %.64q, burst %d: %w", n, key, p.Limit.Burst, ErrExceedsBurst)
+	if n > t.est.Burst {
+		return fmt.Errorf("hybrid: allow %d on %.64q, burst %d: %w", n, key, t.est.Burst, ErrExceedsBurst)
 	}
 	if l.closing.Load() {
 		return ErrClosed

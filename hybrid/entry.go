@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/local"
 )
@@ -29,6 +30,10 @@ type entry struct {
 	waiting    atomic.Int64 // tokens wanted by callers waiting on a store call
 	callSince  atomic.Int64 // mono ns + 1 when the store call in flight began; 0: none
 	refilling  atomic.Bool  // a background refill is running
+	// tier is the index of the key's tier in the policy (policyState.tiers),
+	// fixed when the entry is made: a key that changes tier gets a new
+	// entry. It sits in padding, so it costs no bytes.
+	tier uint16
 
 	// sweepMark is owned by the key table's sweep, which runs one pass at
 	// a time: see idleSweep.
@@ -47,6 +52,14 @@ type rareState struct {
 	reserved     atomic.Int64 // tokens in pending reservations, not yet spendable
 	debt         atomic.Int64 // tokens admitted in degraded mode, not yet charged
 	corruptUntil atomic.Int64 // mono ns: repeat corrupt until then
+	// heldSince is, on a sliding window, the store time (µs) of the
+	// earliest grant whose tokens may still be in the lease: a return
+	// names it, so the window takes them back from where it counted them
+	// or earlier, never later. 0 when the lease is empty.
+	heldSince atomic.Int64
+	binding   atomic.Int32 // which limit the cached refusal came from
+	recheckAt atomic.Int64 // mono ns: ask a window again from then; 0: never early
+	drain     clock.Timer  // under entry.mu: takes a window's lease back at its expiry
 
 	// Under entry.mu.
 	pending  []*reservation // future-dated grants not yet all released
@@ -124,6 +137,22 @@ func (e *entry) setEmptyFor(n int64) { e.emptyFor.Store(int32(min(n, math.MaxInt
 
 // emptyForAtMost reports whether the cached refusal holds for n tokens.
 func (e *entry) emptyForAtMost(n int64) bool { return n >= int64(e.emptyFor.Load()) }
+
+// refusedUntil returns when the cached refusal for n tokens ends, or 0
+// when there is none that holds at now. A sliding window's refusal is
+// trusted only until its recheck time: tokens other processes give back
+// return to the window at once, which its wait cannot foresee.
+func (e *entry) refusedUntil(n, now int64) int64 {
+	if !e.emptyForAtMost(n) {
+		return 0
+	}
+	if r := e.rare.Load(); r != nil {
+		if at := r.recheckAt.Load(); at != 0 && now >= at {
+			return 0
+		}
+	}
+	return e.emptyUntil.Load()
+}
 
 func newEntry(key string) *entry {
 	e := &entry{key: key}

@@ -29,17 +29,24 @@ func (t *keyTable) load(key string) *entry {
 	return t.entries.load(key)
 }
 
-// getOrCreate returns key's entry, creating it if needed; making room
-// evicts entries, which are passed to release. It returns nil once closing
-// reports true.
-func (t *keyTable) getOrCreate(key string, closing func() bool, release func(*entry)) *entry {
+// getOrCreate returns key's entry under tier, creating it if needed: an
+// entry under another tier is evicted first (the key moved). Making room
+// evicts entries too; all are passed to release. It returns nil once
+// closing reports true.
+func (t *keyTable) getOrCreate(key string, tier uint16, closing func() bool, release func(*entry)) *entry {
 	if e := t.load(key); e != nil {
-		return e
+		if e.tier == tier {
+			return e
+		}
+		if t.evict(e) {
+			release(e)
+		}
 	}
 	if t.n.Add(1) > t.max {
 		t.makeRoom(release)
 	}
 	e := newEntry(strings.Clone(key))
+	e.tier = tier
 	v, loaded := t.entries.loadOrStore(e)
 	if loaded {
 		t.n.Add(-1)

@@ -29,6 +29,8 @@ type leaser struct {
 	stats  *counters
 	// giveBack settles tokens the leaser holds but cannot deposit.
 	giveBack func(items ...reconcile.Item)
+	// flush sends what giveBack queued now rather than at the next sweep.
+	flush func()
 	// held reports that decisions stay on the degraded share after an
 	// outage (outage.held): no refills then.
 	held func() bool
@@ -60,10 +62,20 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now int64) int
 	e.mu.Lock()
 	rate := e.demand.observe(now, e.consumed()+e.misses.Load())
 	e.mu.Unlock()
-	perHorizon := rate * ls.cfg.horizon.Seconds()
+	horizon := ls.cfg.horizon
+	if p.hold > 0 {
+		horizon = min(horizon, p.life) // a window's lease lives that long
+	}
+	perHorizon := rate * horizon.Seconds()
 	batch := int64(math.Ceil(perHorizon))
-	batch = min(max(batch, 1), p.maxLease)
+	batch = min(max(batch, 1), p.tier(e).maxLease)
 	low := min(int64(perHorizon/2), batch/2)
+	if p.hold > 0 {
+		// A sliding window's lease is refilled when dry, not before:
+		// each lease then holds one grant's tokens, which must be spent
+		// within that grant's hold.
+		low = 0
+	}
 	e.setLowWater(low)
 	return max(batch, need)
 }
@@ -142,9 +154,7 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 		// refill asks for the grant after it.
 		until = e.releaseAt(start)
 	}
-	if e.emptyForAtMost(max(need, 1)) {
-		until = max(until, e.emptyUntil.Load()) // a refusal for as many or fewer tokens
-	}
+	until = max(until, e.refusedUntil(max(need, 1), start)) // a refusal for as many or fewer tokens
 	if until > start {
 		return fetchOutcome{retry: time.Duration(until - start), at: start}, nil
 	}
@@ -171,7 +181,7 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	ls.stats.storeLatency.observe(float64(now-start) / 1e9)
 	ls.lastOK.Store(now)
 	ls.offset.Observe(ls.cfg.epoch.Add(time.Duration(start)), ls.cfg.epoch.Add(time.Duration(now)), res.Now)
-	return ls.apply(e, res, req.Need, now), nil
+	return ls.apply(e, p, res, req.Need, start, now), nil
 }
 
 // request builds the lease request for e: sized for every caller waiting
@@ -183,17 +193,27 @@ func (ls *leaser) request(e *entry, p *policyState, need, now int64) remote.Requ
 		want = share
 		e.setLowWater(share / 4)
 	}
-	want = min(want, p.Limit.Burst)
+	if level := e.level.Load(); p.hold > 0 && level >= 0 && level < p.tier(e).maxLease {
+		// A sliding window near full: tokens a lease would hold idle
+		// are the ones other processes wait for. Take only what this
+		// decision needs.
+		want = max(need, e.waiting.Load(), 1)
+	}
+	want = min(want, p.tier(e).est.Burst)
 	// A caller waits for this call: whatever covers its need is granted
 	// now. A background refill prefers a future-dated full lease (paced
 	// grants on a contended key) and takes the tail of the bucket only
 	// when no full lease can be future-dated.
 	minimum, floor := max(need, 1), max(need, 1)
-	if need == 0 && ls.cfg.maxDelay > 0 {
+	req := p.request(ls.cfg.prefix, e)
+	if need == 0 && ls.cfg.maxDelay > 0 && !p.shaped {
 		minimum = want
 	}
-	return remote.Request{Prefix: ls.cfg.prefix, Policy: p.Name, Key: e.key, Limit: p.Limit, Version: p.Version,
-		N: want, Min: minimum, Need: floor, MaxDelay: ls.cfg.maxDelay}
+	if !p.shaped {
+		req.MaxDelay = ls.cfg.maxDelay
+	}
+	req.N, req.Min, req.Need = want, minimum, floor
+	return req
 }
 
 // contendedShare is the grant to ask for on a key at its limit (the last
@@ -206,7 +226,7 @@ func (ls *leaser) request(e *entry, p *policyState, need, now int64) remote.Requ
 // process's next grant. 0 when the key is not contended, reservations are
 // off, or the store is not known healthy.
 func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
-	if ls.cfg.maxDelay <= 0 || ls.store.State() != gobreaker.StateClosed || ls.held() {
+	if ls.cfg.maxDelay <= 0 || p.shaped || ls.store.State() != gobreaker.StateClosed || ls.held() {
 		// A probe of a store that was down gets a plain lease: a long
 		// grant would fall due while the recovery hold still decides by
 		// the degraded share, and be spent on top of it.
@@ -216,12 +236,12 @@ func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
 		return 0
 	}
 	n := int64(max(ls.fleet(), 1))
-	return p.Limit.TokensIn(ls.cfg.maxDelay/2) / n
+	return p.tier(e).limits[0].TokensIn(ls.cfg.maxDelay/2) / n
 }
 
-// apply records a lease reply on e, received at now, for a request that
-// needed need tokens.
-func (ls *leaser) apply(e *entry, res remote.Result, need, now int64) fetchOutcome {
+// apply records a lease reply on e under p, for a request that needed need
+// tokens, sent at start and answered at now.
+func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need, start, now int64) fetchOutcome {
 	if res.Granted > 0 {
 		ls.stats.leaseSizes.observe(float64(res.Granted))
 	}
@@ -238,7 +258,15 @@ func (ls *leaser) apply(e *entry, res remote.Result, need, now int64) fetchOutco
 	}
 	e.resetAt.Store(now + int64(res.ResetAfter))
 	e.level.Store(res.Remaining)
+	if res.Binding != 0 || e.rare.Load() != nil {
+		e.extra().binding.Store(int32(res.Binding))
+	}
 	switch {
+	case res.Granted > 0 && res.Delay <= 0 && p.hold > 0:
+		ls.stats.leaseGrants.Add(1)
+		e.emptyUntil.Store(0)
+		ls.depositHeld(e, p, res.Granted, res.Now, start+int64(p.life))
+		return fetchOutcome{deposited: true, at: now}
 	case res.Granted > 0 && res.Delay <= 0:
 		ls.stats.leaseGrants.Add(1)
 		e.emptyUntil.Store(0)
@@ -252,6 +280,10 @@ func (ls *leaser) apply(e *entry, res remote.Result, need, now int64) fetchOutco
 	default:
 		e.setEmptyFor(max(need, 1))
 		e.emptyUntil.Store(now + int64(res.RetryAfter))
+		if p.hold > 0 {
+			// Returns reach the window at each sweep of the fleet.
+			e.extra().recheckAt.Store(now + int64(ls.cfg.sweepInterval))
+		}
 		return fetchOutcome{retry: res.RetryAfter, at: now}
 	}
 }
@@ -276,19 +308,79 @@ func (ls *leaser) deposit(e *entry, n, now int64) {
 		e.inflow.Add(n)
 		return
 	}
-	ls.giveBack(ls.returnItem(e.key, n))
+	ls.giveBack(ls.returnItem(ls.policy.load(), e, n))
+}
+
+// depositHeld puts tokens of a sliding window, granted at store time
+// granted, in e's lease until expiry (mono ns: the call's start plus the
+// policy's lease life, so before the hold the store counted them for
+// ends). A drain timer takes back what is left at expiry rather than the
+// sweep, whose period may be longer than the hold; the lease's expiry
+// only moves earlier while it still holds tokens of an earlier grant.
+func (ls *leaser) depositHeld(e *entry, p *policyState, n int64, granted time.Time, expiry int64) {
+	ls.stats.tokensLeased.Add(n)
+	x := e.extra()
+	e.mu.Lock()
+	if old := x.heldSince.Load(); old == 0 || e.lease.Tokens() == 0 || granted.UnixMicro() < old {
+		x.heldSince.Store(granted.UnixMicro())
+	}
+	ok := e.lease.AddBefore(n, expiry)
+	old := x.drain
+	x.drain = nil
+	e.mu.Unlock()
+	if old != nil {
+		old.Stop()
+	}
+	if !ok {
+		ls.giveBack(ls.returnItem(p, e, n))
+		return
+	}
+	e.inflow.Add(n)
+	// Armed outside e.mu: a manual clock runs a due callback at once.
+	t := ls.bg.after(time.Duration(e.lease.Expiry()-ls.cfg.now()), func() {
+		if items := ls.drainExpired(ls.policy.load(), e, ls.cfg.now()); len(items) > 0 {
+			// Unspent tokens count in the window until they are back:
+			// send them now, not at the next sweep.
+			ls.giveBack(items...)
+			ls.flush()
+		}
+	})
+	if t == nil {
+		return // closing
+	}
+	e.mu.Lock()
+	old, x.drain = x.drain, t
+	e.mu.Unlock()
+	if old != nil {
+		old.Stop()
+	}
+}
+
+// stopDrain stops e's drain timer, if any (release).
+func (ls *leaser) stopDrain(e *entry) {
+	r := e.rare.Load()
+	if r == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if r.drain != nil {
+		r.drain.Stop()
+		r.drain = nil
+	}
 }
 
 // release closes e's lease and cancels its reservations, returning the
-// settlements that give their tokens back.
-func (ls *leaser) release(e *entry) []reconcile.Item {
+// settlements that give their tokens back to e's buckets under p.
+func (ls *leaser) release(p *policyState, e *entry) []reconcile.Item {
+	ls.stopDrain(e)
 	var out []reconcile.Item
 	if n := e.lease.Close(); n > 0 {
 		e.inflow.Add(-n)
-		out = append(out, ls.returnItem(e.key, n))
+		out = append(out, ls.returnItem(p, e, n))
 	}
 	if n := ls.cancelReservations(e); n > 0 {
-		out = append(out, ls.returnItem(e.key, n))
+		out = append(out, ls.returnItem(p, e, n))
 	}
 	return out
 }
@@ -320,26 +412,34 @@ func (ls *leaser) cancelReservations(e *entry) int64 {
 }
 
 // drainExpired takes back e's lease if it expired at or before now.
-func (ls *leaser) drainExpired(e *entry, now int64) []reconcile.Item {
+func (ls *leaser) drainExpired(p *policyState, e *entry, now int64) []reconcile.Item {
 	if n := e.lease.DrainExpired(now); n > 0 {
 		e.inflow.Add(-n)
-		return []reconcile.Item{ls.returnItem(e.key, n)}
+		return []reconcile.Item{ls.returnItem(p, e, n)}
 	}
 	return nil
 }
 
 // cut trims e's lease to at most keep tokens and returns the excess as a
-// settlement.
-func (ls *leaser) cut(e *entry, keep int64) []reconcile.Item {
+// settlement to e's buckets under p.
+func (ls *leaser) cut(p *policyState, e *entry, keep int64) []reconcile.Item {
 	if n := e.lease.Cut(keep); n > 0 {
 		e.inflow.Add(-n)
-		return []reconcile.Item{ls.returnItem(e.key, n)}
+		return []reconcile.Item{ls.returnItem(p, e, n)}
 	}
 	return nil
 }
 
-func (ls *leaser) returnItem(key string, n int64) reconcile.Item {
-	p := ls.policy.load()
-	return reconcile.Item{Op: remote.OpReturn, Req: remote.Request{Prefix: ls.cfg.prefix, Policy: p.Name, Key: key,
-		Limit: p.Limit, Version: p.Version, N: n}}
+// returnItem is the settlement that gives n of e's tokens back to its
+// bucket under p; to a sliding window, from the sub-window of e's
+// earliest grant still held (or an earlier one), never a later one.
+func (ls *leaser) returnItem(p *policyState, e *entry, n int64) reconcile.Item {
+	req := p.request(ls.cfg.prefix, e)
+	req.N = n
+	if r := e.rare.Load(); r != nil && p.hold > 0 {
+		if since := r.heldSince.Load(); since > 0 {
+			req.Since = time.UnixMicro(since)
+		}
+	}
+	return reconcile.Item{Op: remote.OpReturn, Req: req}
 }

@@ -54,6 +54,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	if store == nil {
 		return nil, fmt.Errorf("hybrid: nil store: %w", ErrInvalidOption)
 	}
+	p = p.normalized()
 	if err := validatePolicy(p); err != nil {
 		return nil, err
 	}
@@ -73,7 +74,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	l.policy.adopted = l.adopted
 	l.outage = newOutage(&l.cfg, &l.stats, bs, fmt.Sprintf("%016x", rng.uint64()))
 	l.modes = newModeTracker(bs)
-	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, giveBack: l.settleLater,
+	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, giveBack: l.settleLater, flush: l.flushQueued,
 		held: func() bool { return l.outage.held(l.cfg.now()) }, fleet: l.outage.size}
 	l.start()
 	return l, nil
@@ -155,6 +156,7 @@ func (l *Limiter) SetPolicy(ctx context.Context, p Policy) error {
 	if p.Name != cur.Name {
 		return fmt.Errorf("hybrid: SetPolicy %q on a limiter of %q: %w", p.Name, cur.Name, ErrInvalidPolicy)
 	}
+	p = p.normalized()
 	if err := validatePolicy(p); err != nil {
 		return err
 	}
@@ -168,11 +170,19 @@ func (l *Limiter) SetPolicy(ctx context.Context, p Policy) error {
 // lease (the excess goes back to the store now, not at the next sweep),
 // cached "empty until" answers are dropped (the bucket is rescaled), and
 // degraded-mode shares follow the new limit on their next use.
-func (l *Limiter) adopted(next *policyState) {
+func (l *Limiter) adopted(prev, next *policyState) {
 	l.stats.policyChanges.Add(1)
+	retier := !prev.sameTiers(next)
 	l.keys.each(func(e *entry) {
+		if retier {
+			// Tier indices moved: every key finds its tier again.
+			if l.keys.evict(e) {
+				l.releaseUnder(prev, e)
+			}
+			return
+		}
 		e.emptyUntil.Store(0)
-		l.settleLater(l.leaser.cut(e, next.maxLease)...)
+		l.settleLater(l.leaser.cut(next, e, next.tier(e).maxLease)...)
 	})
 	l.bg.after(0, l.flushQueued)
 }

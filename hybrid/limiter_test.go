@@ -23,7 +23,7 @@ func TestBadInput(t *testing.T) {
 	}{
 		{"empty name", Policy{Limit: PerSecond(1)}, ErrInvalidPolicy},
 		{"name too long", Policy{Name: strings.Repeat("n", 300), Limit: PerSecond(1)}, ErrInvalidPolicy},
-		{"sliding window", Policy{Name: "x", Limit: PerSecond(1), Algorithm: SlidingWindow}, ErrInvalidPolicy},
+		{"unknown algorithm", Policy{Name: "x", Limit: PerSecond(1), Algorithm: Algorithm(9)}, ErrInvalidPolicy},
 		{"rate zero", Policy{Name: "x", Limit: Limit{Period: time.Second, Burst: 1}}, ErrInvalidLimit},
 		{"period zero", Policy{Name: "x", Limit: Limit{Rate: 1, Burst: 1}}, ErrInvalidLimit},
 		{"burst zero", Policy{Name: "x", Limit: Limit{Rate: 1, Period: time.Second}}, ErrInvalidLimit},

@@ -32,6 +32,7 @@ type config struct {
 	maxDelaySet   bool
 	logger        *slog.Logger
 	sweepInterval time.Duration
+	tierOf        func(key string) string
 	hbInterval    time.Duration
 	hbExpiry      time.Duration
 	policyPoll    time.Duration
@@ -113,6 +114,17 @@ func (c *config) validate() error {
 // "leasehold:". A prefix must not contain braces (they would move the hash
 // tag).
 func WithPrefix(p string) Option { return optionFunc(func(c *config) { c.prefix = p }) }
+
+// WithTier sets the function that says which of the policy's Tiers a key
+// is under; it is called on every decision, so it should be cheap (a map
+// read, a prefix test). A key under "" or a tier the policy does not name
+// is under the policy's own Limit and Also. When the function starts
+// naming another tier for a key, the key's next decision starts under
+// that tier's limit (its tokens under the old tier go back). Without
+// this option every key is under the policy's own limits.
+func WithTier(tierOf func(key string) string) Option {
+	return optionFunc(func(c *config) { c.tierOf = tierOf })
+}
 
 // WithLeaseTTL sets how long leased tokens may sit unspent before they are
 // given back. Shorter returns tokens sooner; longer saves store calls on

@@ -72,26 +72,27 @@ func newOutage(cfg *config, stats *counters, store *breaker.Store, id string) *o
 
 // decide admits or refuses n on e by the outage mode, at now.
 func (o *outage) decide(e *entry, p *policyState, n, now int64) Decision {
+	t := p.tier(e)
 	switch o.cfg.outage {
 	case OutageFailOpen:
 		o.stats.admitted[SourceFailOpen].Add(1)
 		e.extra().debt.Add(n)
-		return Decision{Allowed: true, Limit: p.Limit, Source: SourceFailOpen}
+		return Decision{Allowed: true, Limit: t.limits[0], Source: SourceFailOpen}
 	case OutageFailClosed:
 		o.stats.rejected[SourceFailClosed].Add(1)
-		return Decision{Limit: p.Limit, RetryAfter: o.cfg.storeTimeout, Source: SourceFailClosed}
+		return Decision{Limit: t.limits[0], RetryAfter: o.cfg.storeTimeout, Source: SourceFailClosed}
 	}
-	b := o.degradedBucket(e, p, now)
+	b := o.degradedBucket(e, t, now)
 	if b == nil {
 		o.stats.rejected[SourceDegraded].Add(1)
-		return Decision{Limit: p.Limit, RetryAfter: o.cfg.storeTimeout, Source: SourceDegraded}
+		return Decision{Limit: t.limits[0], RetryAfter: o.cfg.storeTimeout, Source: SourceDegraded}
 	}
 	r, err := b.TakeAt(now, n)
 	if err != nil || !r.Allowed {
 		o.stats.rejected[SourceDegraded].Add(1)
 		wait := r.RetryAfter
 		if err != nil { // n above this process's share of Burst
-			wait = p.Limit.DurationFor(n)
+			wait = t.equiv.DurationFor(n)
 		}
 		return Decision{Limit: b.Limit(), Remaining: r.Remaining, RetryAfter: wait, ResetAfter: r.ResetAfter, Source: SourceDegraded}
 	}
@@ -101,11 +102,12 @@ func (o *outage) decide(e *entry, p *policyState, n, now int64) Decision {
 }
 
 // degradedBucket returns e's local GCRA at this process's share of the
-// limit, rebuilt when the policy or the fleet size changes; nil when no
-// share can be expressed (the outage then refuses: a share never falls
+// limit (of the one bucket that keeps all the tier's limits, for shaped
+// policies), rebuilt when the policy or the fleet size changes; nil when
+// no share can be expressed (the outage then refuses: a share never falls
 // back to more than Rate/N).
-func (o *outage) degradedBucket(e *entry, p *policyState, now int64) *local.Bucket {
-	share, ok := shareOf(p.Limit, int64(o.size()))
+func (o *outage) degradedBucket(e *entry, t *tierState, now int64) *local.Bucket {
+	share, ok := shareOf(t.equiv, int64(o.size()))
 	if !ok {
 		return nil
 	}
@@ -234,7 +236,7 @@ func (o *outage) unpaid(e *entry, p *policyState, admitted, now int64) int64 {
 	defer e.mu.Unlock()
 	b := x.degraded
 	if b == nil {
-		return min(admitted, p.Limit.Burst)
+		return min(admitted, p.tier(e).est.Burst)
 	}
 	// The share's deficit still includes what an earlier settlement
 	// charged, until the share's refill has covered it: charge only the

@@ -71,11 +71,11 @@ func tokenStep(lim Limit) int64 {
 // rejects locally with the exact wait for it.
 func (ls *leaser) reserve(e *entry, n int64, delay time.Duration, now int64) {
 	if !ls.bg.enter() {
-		ls.giveBack(ls.returnItem(e.key, n))
+		ls.giveBack(ls.returnItem(ls.policy.load(), e, n))
 		return
 	}
 	ls.stats.tokensReserved.Add(n)
-	r := &reservation{n: n, end: now + int64(delay), step: tokenStep(ls.policy.load().Limit)}
+	r := &reservation{n: n, end: now + int64(delay), step: tokenStep(ls.policy.load().tier(e).limits[0])}
 	x := e.extra()
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -31,14 +34,140 @@ func (e *StalePolicyError) Is(target error) bool { return target == ErrStalePoli
 // atomically as a whole.
 type policyState struct {
 	Policy
-	maxLease int64
+	maxLease int64 // the policy's own tier's
+	// tiers[0] is the policy's own limits, then the named tiers in name
+	// order; an entry holds its index.
+	tiers     []tierState
+	tierIndex map[string]uint16
+	shaped    bool // sliding windows or several limits: the shape script
+	// hold is, for sliding windows, how long after a grant its tokens
+	// may be spent (the store counts them until then); life is how long
+	// a lease lives here, the rest being slack for a late drain timer.
+	hold, life time.Duration
 }
 
-func newPolicyState(p Policy, frac float64) *policyState {
+// tierState is one tier's limits and what is derived from them.
+type tierState struct {
+	name     string
+	limits   []Limit // Limit, then Also
+	maxLease int64   // of the tightest limit
+	// equiv is one token bucket that admits no more than any of the
+	// limits in any window (a sliding window of R per P as a bucket of
+	// ceil(R/2) refilled by the rest per P): degraded shares follow it.
+	equiv Limit
+	// est refills Remaining estimates at equiv's rate, capped at the
+	// tightest limit's size.
+	est Limit
+}
+
+func newPolicyState(p Policy, cfg *config) *policyState {
 	if p.Version == 0 {
 		p.Version = 1
 	}
-	return &policyState{Policy: p, maxLease: max(1, int64(frac*float64(p.Limit.Burst)))}
+	ps := &policyState{Policy: p, shaped: p.Algorithm == SlidingWindow || len(p.Also) > 0}
+	ps.tiers = append(ps.tiers, newTierState("", p.Limit, p.Also, p.Algorithm, cfg.maxFraction))
+	names := slices.Sorted(maps.Keys(p.Tiers))
+	ps.tierIndex = make(map[string]uint16, len(names))
+	for _, name := range names {
+		t := p.Tiers[name]
+		ps.tierIndex[name] = uint16(len(ps.tiers))
+		ps.tiers = append(ps.tiers, newTierState(name, t.Limit, t.Also, p.Algorithm, cfg.maxFraction))
+		ps.shaped = ps.shaped || len(t.Also) > 0
+	}
+	ps.maxLease = ps.tiers[0].maxLease
+	if p.Algorithm == SlidingWindow {
+		shortest := p.Limit.Period
+		for _, t := range ps.tiers {
+			for _, l := range t.limits {
+				shortest = min(shortest, l.Period)
+			}
+		}
+		ps.hold = min(shortest/remote.WindowSlots, cfg.leaseTTL).Truncate(time.Microsecond)
+		ps.life = ps.hold / 2
+	}
+	return ps
+}
+
+func newTierState(name string, lim Limit, also []Limit, alg Algorithm, frac float64) tierState {
+	t := tierState{name: name, limits: append([]Limit{lim}, also...)}
+	capN := int64(math.MaxInt64)
+	for i, l := range t.limits {
+		b := l
+		if alg == SlidingWindow {
+			b = windowAsBucket(l)
+		}
+		capN = min(capN, l.Burst)
+		if i == 0 || b.Burst < t.equiv.Burst {
+			t.equiv.Burst = b.Burst
+		}
+		if i == 0 || float64(b.Rate)/float64(b.Period) < float64(t.equiv.Rate)/float64(t.equiv.Period) {
+			t.equiv.Rate, t.equiv.Period = b.Rate, b.Period
+		}
+	}
+	t.maxLease = max(1, int64(frac*float64(capN)))
+	t.est = Limit{Rate: t.equiv.Rate, Period: t.equiv.Period, Burst: capN}
+	return t
+}
+
+// windowAsBucket is a token bucket that never admits more than a sliding
+// window of l.Rate per l.Period does: a burst of half the rate, refilled
+// by the other half each period (one per two periods for a rate of 1).
+func windowAsBucket(l Limit) Limit {
+	b := (l.Rate + 1) / 2
+	if r := l.Rate - b; r > 0 {
+		return Limit{Rate: r, Period: l.Period, Burst: b}
+	}
+	return Limit{Rate: 1, Period: 2 * l.Period, Burst: 1}
+}
+
+// tier returns e's tier.
+func (p *policyState) tier(e *entry) *tierState {
+	if i := int(e.tier); i < len(p.tiers) {
+		return &p.tiers[i]
+	}
+	return &p.tiers[0]
+}
+
+// tierOf returns the index of the tier named name; unknown names are the
+// policy's own limits.
+func (p *policyState) tierOf(name string) uint16 {
+	if name == "" {
+		return 0
+	}
+	return p.tierIndex[name] // 0 when unknown
+}
+
+// request is the part of a store request that names e's bucket under p.
+func (p *policyState) request(prefix string, e *entry) remote.Request {
+	return p.requestFor(prefix, e.key, e.tier)
+}
+
+// requestFor is request for key under the tier of index tier.
+func (p *policyState) requestFor(prefix, key string, tier uint16) remote.Request {
+	t := &p.tiers[0]
+	if int(tier) < len(p.tiers) {
+		t = &p.tiers[tier]
+	}
+	r := remote.Request{Prefix: prefix, Policy: p.Name, Tier: t.name, Key: key, Limit: t.limits[0], Version: p.Version,
+		Window: p.Algorithm == SlidingWindow, Hold: p.hold}
+	if len(t.limits) > 1 {
+		r.Also = t.limits[1:]
+	}
+	return r
+}
+
+// sameTiers reports whether p and q name the same tiers in the same order,
+// so that entries' tier indices mean the same under both.
+func (p *policyState) sameTiers(q *policyState) bool {
+	if len(p.tiers) != len(q.tiers) {
+		return false
+	}
+	for i := range p.tiers {
+		if p.tiers[i].name != q.tiers[i].name {
+			return false
+		}
+	}
+	return true
 }
 
 // staleRetry is how soon a decision refused for a stale version may ask
@@ -61,7 +190,7 @@ type policyTracker struct {
 	flights       singleflight.Group
 	// adopted is called after each switch to a newer policy (never under
 	// a lock of the tracker).
-	adopted func(next *policyState)
+	adopted func(prev, next *policyState)
 	unwatch func() // stops pushes; set once by watch
 }
 
@@ -72,7 +201,7 @@ func newPolicyTracker(cfg *config, store *breaker.Store, p Policy) *policyTracke
 	} else {
 		t.synced.Store(true)
 	}
-	t.cur.Store(newPolicyState(p, cfg.maxFraction))
+	t.cur.Store(newPolicyState(p, cfg))
 	return t
 }
 
@@ -83,7 +212,7 @@ func (t *policyTracker) load() *policyState { return t.cur.Load() }
 func (t *policyTracker) set(ctx context.Context, p Policy) error {
 	cur := t.load()
 	if p.Version <= cur.Version {
-		if p == cur.Policy {
+		if p.Equal(cur.Policy) {
 			return nil
 		}
 		return &StalePolicyError{Current: cur.Policy}
@@ -92,13 +221,13 @@ func (t *policyTracker) set(ctx context.Context, p Policy) error {
 		t.adopt(p)
 		return nil
 	}
-	rec, applied, err := t.records.SetPolicy(ctx, t.cfg.prefix, p.Name, remote.PolicyRecord{Version: p.Version, Limit: p.Limit})
+	rec, applied, err := t.records.SetPolicy(ctx, t.cfg.prefix, p.Name, p.record())
 	if err != nil {
 		return fmt.Errorf("hybrid: SetPolicy %q: %w", p.Name, err)
 	}
-	stored := Policy{Name: p.Name, Limit: rec.Limit, Version: rec.Version, Algorithm: p.Algorithm}
+	stored := policyFrom(p.Name, rec)
 	t.adopt(stored)
-	if !applied && stored != p {
+	if !applied && !stored.Equal(p) {
 		return &StalePolicyError{Current: t.load().Policy}
 	}
 	return nil
@@ -106,20 +235,21 @@ func (t *policyTracker) set(ctx context.Context, p Policy) error {
 
 // adopt switches to p if it is newer than the policy in force.
 func (t *policyTracker) adopt(p Policy) bool {
-	next := newPolicyState(p, t.cfg.maxFraction)
+	next := newPolicyState(p, t.cfg)
+	var prev *policyState
 	for {
-		cur := t.cur.Load()
-		if p.Version <= cur.Version {
+		prev = t.cur.Load()
+		if p.Version <= prev.Version {
 			return false
 		}
-		if t.cur.CompareAndSwap(cur, next) {
+		if t.cur.CompareAndSwap(prev, next) {
 			break
 		}
 	}
 	t.cfg.logger.LogAttrs(context.Background(), slog.LevelInfo, "leasehold: policy change", slog.String("policy", p.Name),
 		slog.Uint64("version", p.Version), slog.String("limit", p.Limit.String()))
 	if t.adopted != nil {
-		t.adopted(next)
+		t.adopted(prev, next)
 	}
 	return true
 }
@@ -140,12 +270,12 @@ func (t *policyTracker) refresh(ctx context.Context) error {
 		// This limiter holds a newer version than the record (it was
 		// started with it): publish it, or the others, told by buckets
 		// that a newer version exists, would find no record of it.
-		rec, _, err = t.records.SetPolicy(ctx, t.cfg.prefix, cur.Name, remote.PolicyRecord{Version: cur.Version, Limit: cur.Limit})
+		rec, _, err = t.records.SetPolicy(ctx, t.cfg.prefix, cur.Name, cur.record())
 		if err != nil {
 			return err
 		}
 	}
-	t.adopt(Policy{Name: cur.Name, Limit: rec.Limit, Version: rec.Version, Algorithm: cur.Algorithm})
+	t.adopt(policyFrom(cur.Name, rec))
 	return nil
 }
 

@@ -100,10 +100,29 @@ func hammer(lims []*Limiter, g int, d time.Duration, pick func(r *rand.Rand) str
 // WaitGroup ends with the goroutines.
 func paced(ctx context.Context, lims []*Limiter, g int, perGoroutine float64, key string,
 	record func(at time.Time, d Decision, err error, took time.Duration)) *sync.WaitGroup {
+	return pacedFrom(ctx, lims, g, perGoroutine, key, false, record)
+}
+
+// spread is paced with the goroutines' schedules spread evenly over one
+// interval between decisions, as independent clients arrive, instead of
+// all deciding at the same instants.
+func spread(ctx context.Context, lims []*Limiter, g int, perGoroutine float64, key string,
+	record func(at time.Time, d Decision, err error, took time.Duration)) *sync.WaitGroup {
+	return pacedFrom(ctx, lims, g, perGoroutine, key, true, record)
+}
+
+func pacedFrom(ctx context.Context, lims []*Limiter, g int, perGoroutine float64, key string, phased bool,
+	record func(at time.Time, d Decision, err error, took time.Duration)) *sync.WaitGroup {
 	var wg sync.WaitGroup
-	start := time.Now()
-	for _, l := range lims {
+	base := time.Now()
+	total := len(lims) * g
+	for li, l := range lims {
 		for j := 0; j < g; j++ {
+			start := base
+			if phased {
+				// Decision k of this goroutine is due at start + k/perGoroutine.
+				start = base.Add(-time.Duration(float64(li*g+j) / float64(total) / perGoroutine * float64(time.Second)))
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasehold/leasehold/reconcile"
 	"github.com/leasehold/leasehold/remote"
 )
 
@@ -18,6 +19,8 @@ type Reservation struct {
 	n         int64
 	fromStore bool // granted by the store (Cancel returns them there)
 	key       string
+	tier      uint16
+	grantedAt time.Time // store time of the grant, for a sliding window
 	l         *Limiter
 	cancelled atomic.Bool
 }
@@ -46,7 +49,7 @@ func (r *Reservation) Cancel() {
 		return
 	}
 	if r.l.cfg.clk.Now().Before(r.at) {
-		r.l.settleLater(r.l.leaser.returnItem(r.key, r.n))
+		r.l.settleLater(r.l.reservationReturn(r.l.policy.load(), r.key, r.tier, r.n, r.grantedAt))
 		r.l.bg.after(0, r.l.flushQueued)
 	}
 }
@@ -61,17 +64,18 @@ func (r *Reservation) Cancel() {
 // share cannot admit them now. Errors are AllowN's.
 func (l *Limiter) ReserveN(ctx context.Context, key string, n int64) (*Reservation, error) {
 	p := l.policy.load()
-	if err := l.checkRequest(p, key, n); err != nil {
+	tier := l.tierIndex(p, key)
+	if err := l.checkRequest(p, &p.tiers[tier], key, n); err != nil {
 		return nil, err
 	}
-	r := &Reservation{l: l, key: key, n: n, at: l.cfg.clk.Now()}
-	if e := l.keys.load(key); e != nil {
+	r := &Reservation{l: l, key: key, tier: tier, n: n, at: l.cfg.clk.Now()}
+	if e := l.keys.load(key); e != nil && e.tier == tier {
 		if ok, _ := l.leaser.spend(e, n); ok {
 			r.ok = true
 			return r, nil
 		}
 	}
-	res, err := l.reserveFromStore(ctx, p, key, n)
+	res, err := l.reserveFromStore(ctx, p, key, tier, n)
 	if err != nil {
 		if !remote.IsUnavailable(err) || ctx.Err() != nil {
 			return nil, err
@@ -84,22 +88,33 @@ func (l *Limiter) ReserveN(ctx context.Context, key string, n int64) (*Reservati
 	}
 	if res.Granted < n {
 		if res.Granted > 0 { // cannot happen with Min = n; give back all the same
-			l.settleLater(l.leaser.returnItem(key, res.Granted))
+			l.settleLater(l.reservationReturn(p, key, tier, res.Granted, res.Now))
 		}
 		return r, nil
 	}
-	r.ok, r.fromStore = true, true
+	r.ok, r.fromStore, r.grantedAt = true, true, res.Now
 	r.at = r.at.Add(res.Delay)
 	return r, nil
 }
 
+// reservationReturn gives back n tokens of key under tier, granted at
+// store time since.
+func (l *Limiter) reservationReturn(p *policyState, key string, tier uint16, n int64, since time.Time) reconcile.Item {
+	req := p.requestFor(l.cfg.prefix, key, tier)
+	req.N, req.Since = n, since
+	return reconcile.Item{Op: remote.OpReturn, Req: req}
+}
+
 // reserveFromStore asks the store for exactly n tokens, future-dated if
 // need be.
-func (l *Limiter) reserveFromStore(ctx context.Context, p *policyState, key string, n int64) (remote.Result, error) {
+func (l *Limiter) reserveFromStore(ctx context.Context, p *policyState, key string, tier uint16, n int64) (remote.Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.storeTimeout)
 	defer cancel()
-	req := remote.Request{Prefix: l.cfg.prefix, Policy: p.Name, Key: key, Limit: p.Limit, Version: p.Version,
-		N: n, Min: n, Need: n, MaxDelay: p.Limit.DurationFor(p.Limit.Burst)}
+	req := p.requestFor(l.cfg.prefix, key, tier)
+	req.N, req.Min, req.Need = n, n, n
+	if !p.shaped {
+		req.MaxDelay = req.Limit.DurationFor(req.Limit.Burst)
+	}
 	res, err := l.store.Lease(ctx, req)
 	l.stats.storeCalls.Add(1)
 	if err != nil {

@@ -15,10 +15,13 @@ import (
 
 // releaseEntry settles what e holds: its lease, its reservations and its
 // outage debt (eviction, Close).
-func (l *Limiter) releaseEntry(e *entry) {
-	items := l.leaser.release(e)
+func (l *Limiter) releaseEntry(e *entry) { l.releaseUnder(l.policy.load(), e) }
+
+// releaseUnder is releaseEntry with e's buckets named under p.
+func (l *Limiter) releaseUnder(p *policyState, e *entry) {
+	items := l.leaser.release(p, e)
 	if d := e.takeDebt(); d > 0 {
-		items = append(items, l.debitItem(l.policy.load(), e.key, d))
+		items = append(items, l.debitItem(p, e, d))
 	}
 	l.settleLater(items...)
 }
@@ -30,11 +33,12 @@ func (l *Limiter) settleLater(items ...reconcile.Item) {
 	}
 }
 
-func (l *Limiter) debitItem(p *policyState, key string, n int64) reconcile.Item {
+func (l *Limiter) debitItem(p *policyState, e *entry, n int64) reconcile.Item {
 	// A debit may exceed Burst after a long outage; the store takes at most
 	// MaxBurst per call, which is far above any sane debt.
-	return reconcile.Item{Op: remote.OpDebit, Req: remote.Request{Prefix: l.cfg.prefix, Policy: p.Name, Key: key,
-		Limit: p.Limit, Version: p.Version, N: n}}
+	req := p.request(l.cfg.prefix, e)
+	req.N = n
+	return reconcile.Item{Op: remote.OpDebit, Req: req}
 }
 
 // sweep gives back expired leases, forgets idle keys, notices breaker
@@ -50,7 +54,7 @@ func (l *Limiter) sweep() {
 	settleDebt := l.modes.mode() == ModeHealthy && now-l.leaser.lastOK.Load() < int64(l.cfg.sweepInterval)
 	p := l.policy.load()
 	l.keys.each(func(e *entry) {
-		l.settleLater(l.leaser.drainExpired(e, now)...)
+		l.settleLater(l.leaser.drainExpired(p, e, now)...)
 		if settleDebt && e.debt() != 0 {
 			l.settleLater(l.debtItems(e, p, now)...)
 		}
@@ -62,7 +66,7 @@ func (l *Limiter) sweep() {
 // debtItems takes e's outage debt and returns the debit of its unpaid part.
 func (l *Limiter) debtItems(e *entry, p *policyState, now int64) []reconcile.Item {
 	if d := l.outage.unpaid(e, p, e.takeDebt(), now); d > 0 {
-		return []reconcile.Item{l.debitItem(p, e.key, d)}
+		return []reconcile.Item{l.debitItem(p, e, d)}
 	}
 	return nil
 }

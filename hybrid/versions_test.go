@@ -191,7 +191,7 @@ func TestPolicyRollingRollout(t *testing.T) {
 	cancel()
 	wg.Wait()
 	for i, l := range lims {
-		if got := l.Policy(); got != v2 {
+		if got := l.Policy(); !got.Equal(v2) {
 			t.Errorf("limiter %d on %+v, want %+v", i, got, v2)
 		}
 	}
@@ -255,20 +255,20 @@ func TestSetPolicyBadInput(t *testing.T) {
 	}
 	next := Policy{Name: "api", Limit: PerSecond(5), Version: 3}
 	require.NoError(t, l.SetPolicy(ctx, next))
-	if l.Policy() != next || l.Stats().PolicyChanges != 1 {
+	if !l.Policy().Equal(next) || l.Stats().PolicyChanges != 1 {
 		t.Fatalf("after SetPolicy: %+v, %d changes", l.Policy(), l.Stats().PolicyChanges)
 	}
 	// Another limiter of the same store converges on the push.
 	other := w.limiter(t, Policy{Name: "api", Limit: PerSecond(10), Version: 2})
 	// Its first poll runs on its clock, like all background work.
 	w.clk.Advance(time.Millisecond)
-	if other.Policy() != next {
+	if !other.Policy().Equal(next) {
 		t.Fatalf("other limiter on %+v after its first poll, want %+v", other.Policy(), next)
 	}
 	// And a push reaches it inside SetPolicy, with no clock movement.
 	next2 := Policy{Name: "api", Limit: PerSecond(7), Version: 4}
 	require.NoError(t, l.SetPolicy(ctx, next2))
-	if other.Policy() != next2 {
+	if !other.Policy().Equal(next2) {
 		t.Fatalf("other limiter on %+v after a push, want %+v", other.Policy(), next2)
 	}
 }

@@ -216,31 +216,31 @@ var sequences = []struct {
 	}},
 
 	// Shaped buckets (issue 13). win4 is 4 per second in sub-windows of
-	// 50 ms; a sub-window's tokens leave the window 1 s after its end, so
+	// 10 ms; a sub-window's tokens leave the window 1 s after its end, so
 	// a wait is 1 s plus up to one sub-window.
 	{"window: at most rate in a period", win4, []confStep{
 		{kind: lease, n: 3, window: true, wantGranted: 3, wantLeft: 1},
 		{kind: lease, n: 2, window: true, wantGranted: 1, wantLeft: 0},
-		{kind: lease, n: 1, window: true, wantRetry: 1050 * ms, retrySlack: 50 * ms},
+		{kind: lease, n: 1, window: true, wantRetry: 1010 * ms, retrySlack: 10 * ms},
 		{kind: wait, d: 1100 * ms},
 		{kind: lease, n: 4, window: true, wantGranted: 4, wantLeft: 0},
 	}},
 	{"window: leased tokens count until they may be spent", win4, []confStep{
-		{kind: lease, n: 4, window: true, hold: 500 * ms, wantGranted: 4, wantLeft: 0},
-		{kind: wait, d: 1100 * ms},
-		{kind: lease, n: 1, window: true, hold: 500 * ms, wantRetry: 450 * ms, retrySlack: 50 * ms},
-		{kind: wait, d: 500 * ms},
-		{kind: lease, n: 4, window: true, hold: 500 * ms, wantGranted: 4, wantLeft: 0},
+		{kind: lease, n: 4, window: true, hold: 100 * ms, wantGranted: 4, wantLeft: 0},
+		{kind: wait, d: 1050 * ms},
+		{kind: lease, n: 1, window: true, hold: 100 * ms, wantRetry: 60 * ms, retrySlack: 10 * ms},
+		{kind: wait, d: 100 * ms},
+		{kind: lease, n: 4, window: true, hold: 100 * ms, wantGranted: 4, wantLeft: 0},
 	}},
 	{"window: a return leaves the sub-window of since plus hold", win4, []confStep{
-		{kind: lease, n: 4, window: true, hold: 200 * ms, wantGranted: 4, wantLeft: 0},
-		{kind: ret, n: 2, window: true, hold: 200 * ms, sinceLast: true, wantLeft: 2},
-		{kind: ret, n: 2, window: true, hold: 200 * ms, wantLeft: 2}, // no since: nothing back
-		{kind: lease, n: 3, window: true, hold: 200 * ms, wantGranted: 2, wantLeft: 0},
+		{kind: lease, n: 4, window: true, hold: 100 * ms, wantGranted: 4, wantLeft: 0},
+		{kind: ret, n: 2, window: true, hold: 100 * ms, sinceLast: true, wantLeft: 2},
+		{kind: ret, n: 2, window: true, hold: 100 * ms, wantLeft: 2}, // no since: nothing back
+		{kind: lease, n: 3, window: true, hold: 100 * ms, wantGranted: 2, wantLeft: 0},
 	}},
 	{"window: a debit counts now", win4, []confStep{
 		{kind: debit, n: 6, window: true, wantLeft: 0},
-		{kind: lease, n: 1, window: true, wantRetry: 1050 * ms, retrySlack: 50 * ms},
+		{kind: lease, n: 1, window: true, wantRetry: 1010 * ms, retrySlack: 10 * ms},
 	}},
 	{"window: rate up keeps what the window holds", win4, []confStep{
 		{kind: lease, n: 4, version: 1, window: true, wantGranted: 4, wantLeft: 0},
@@ -257,7 +257,7 @@ var sequences = []struct {
 		{kind: lease, n: 4, window: true, also: []local.Limit{win6Per10s}, wantGranted: 4, wantLeft: 0},
 		{kind: wait, d: 1100 * ms},
 		{kind: lease, n: 4, window: true, also: []local.Limit{win6Per10s}, wantGranted: 2, wantLeft: 0, wantBinding: 1},
-		{kind: lease, n: 1, window: true, also: []local.Limit{win6Per10s}, wantRetry: 9500 * ms, retrySlack: 1600 * ms, wantBinding: 1},
+		{kind: lease, n: 1, window: true, also: []local.Limit{win6Per10s}, wantRetry: 9000 * ms, retrySlack: 200 * ms, wantBinding: 1},
 	}},
 	{"bucket to window keeps tokens used", slow, []confStep{
 		{kind: lease, n: 2, version: 1, wantGranted: 2, wantLeft: 1},
@@ -395,7 +395,7 @@ func TestBadInputSameEverywhere(t *testing.T) {
 		{"overflowing limit", OpLease, Request{Policy: "p", Key: "k", Limit: local.Limit{Rate: 1, Period: 200 * 365 * 24 * time.Hour, Burst: 1e12}, N: 1}, local.ErrInvalidLimit},
 		{"negative max delay", OpLease, Request{Policy: "p", Key: "k", Limit: lim, N: 1, MaxDelay: -1}, local.ErrInvalidLimit},
 		{"window burst not its rate", OpLease, Request{Policy: "p", Key: "k", Limit: local.Limit{Rate: 10, Period: time.Second, Burst: 20}, Window: true, N: 1}, local.ErrInvalidLimit},
-		{"hold beyond the window", OpLease, Request{Policy: "p", Key: "k", Limit: lim, Window: true, Hold: 2 * time.Second, N: 1}, local.ErrInvalidLimit},
+		{"hold beyond a tenth of the window", OpLease, Request{Policy: "p", Key: "k", Limit: lim, Window: true, Hold: 101 * time.Millisecond, N: 1}, local.ErrInvalidLimit},
 		{"invalid also", OpLease, Request{Policy: "p", Key: "k", Limit: lim, Also: []local.Limit{{Rate: 1}}, N: 1}, local.ErrInvalidLimit},
 		{"n over the tightest limit", OpLease, Request{Policy: "p", Key: "k", Limit: lim, Also: []local.Limit{local.PerMinute(5)}, N: 6}, local.ErrExceedsBurst},
 		{"too many limits", OpLease, Request{Policy: "p", Key: "k", Limit: lim, Also: make9(lim), N: 1}, ErrInvalidPolicy},

@@ -185,6 +185,13 @@ func validatePolicyRecord(prefix, name string, rec PolicyRecord) error {
 	if err := validateKey(prefix, name, "policy"); err != nil {
 		return err
 	}
+	return rec.Validate()
+}
+
+// Validate reports whether rec can be stored: a version in [1,
+// MaxVersion], valid limits, at most MaxLimits per tier, tier names
+// ValidateTier accepts, and sliding windows whose Burst is their Rate.
+func (rec PolicyRecord) Validate() error {
 	if rec.Version == 0 || rec.Version > MaxVersion {
 		return fmt.Errorf("%w: version %d outside [1, %d]", ErrInvalidPolicy, rec.Version, MaxVersion)
 	}

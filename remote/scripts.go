@@ -113,7 +113,7 @@ if raw and string.sub(raw, 1, 2) == 'S ' then
     raw = string.format('%.0f %.0f %.0f %s %.0f %.0f %.0f', f[1], f[2], f[3], ver, f[4], f[5], f[6])
   elseif ver and string.sub(seg, 1, 1) == 'w' and #f >= 5 and f[4] >= 1 then
     local wrate, wper, base, wlast = f[3], f[4], f[1], math.max(now, f[2])
-    local lo = idiv(wlast - wper, math.max(1, math.floor(wper / 20)))
+    local lo = idiv(wlast - wper, math.max(1, math.floor(wper / 100)))
     local u = 0
     for i = 5, #f do if base + i - 5 >= lo then u = u + f[i] end end
     if u > wrate then u = wrate end
@@ -274,12 +274,14 @@ var peekScript = redis.NewScript(peekLua)
 //	w base last rate per c1 ... cM         (sub-window counters)
 //
 // A window of period per is cut in sub-windows of sub = max(1,
-// floor(per/20)) µs; counter ci holds the tokens of sub-window base+i-1,
-// which count until (base+i)·sub + per. A lease's tokens go in the
-// sub-window of now + hold, the last moment they may be spent, so every
-// window that could see them spent counts them. M = 2·ceil(per/sub) + 2
-// is fixed by the period, and counters are written zero-padded, so the
-// key's size does not depend on traffic.
+// floor(per/100)) µs (WindowSlots); counter ci holds the tokens of
+// sub-window base+i-1, which count until (base+i)·sub + per. A lease's
+// tokens go in the sub-window of now + hold (hold ≤ per/10), the last
+// moment they may be spent, so every window that could see them spent
+// counts them. M = ceil(per/sub) + ceil(per/(10·sub)) + 2 is fixed by
+// the period, a counter holds at most the rate, and counters are written
+// zero-padded to the rate's digits, so the key's size does not depend on
+// traffic.
 //
 // A lease takes the same tokens from every part: n if all have them, else
 // the fewest any part has if that covers need, else nothing, with the
@@ -336,8 +338,8 @@ end
 -- window parts
 local function wnew(rate, per, at)
   local w = {window = true, rate = rate, per = per, last = at, c = {}}
-  w.sub = math.max(1, math.floor(per / 20))
-  w.m = 2 * cdiv(per, w.sub) + 2
+  w.sub = math.max(1, math.floor(per / 100))
+  w.m = cdiv(per, w.sub) + cdiv(per, 10 * w.sub) + 2
   for i = 1, w.m do w.c[i] = 0 end
   w.base = idiv(at - per, w.sub)
   return w
@@ -396,7 +398,7 @@ end
 local function fresh(l, u)
   if l.kind == 'w' then
     local w = wnew(l.rate, l.per, now)
-    if u > 0 then w.c[wslot(w, now)] = math.min(u, maxdebt) end
+    if u > 0 then w.c[wslot(w, now)] = math.min(u, w.rate) end
     return w
   end
   if u < 0 then u = 0 end
@@ -425,7 +427,7 @@ local function rescale(p, l)
     if last > 0 then
       local i = wslot(w, now + last - p.per - 1)
       if i < 1 then i = 1 end
-      w.c[i] = math.min(wsum(p), maxdebt)
+      w.c[i] = math.min(wsum(p), w.rate)
     end
     return w
   end
@@ -553,7 +555,7 @@ elseif op == 'debit' then
     local p = parts[i]
     if p.window then
       local s = wslot(p, p.last)
-      p.c[s] = math.min(p.c[s] + n, maxdebt)
+      p.c[s] = math.min(p.c[s] + n, p.rate)
     else
       p.level = p.level - n
       if p.level < floor then p.level = floor end
@@ -572,7 +574,8 @@ for i = 1, #parts do
   if p.window then
     r = wreset(p)
     local seg = {string.format('w %.0f %.0f %.0f %.0f', p.base, p.last, p.rate, p.per)}
-    for j = 1, p.m do seg[j + 1] = string.format('%012.0f', p.c[j]) end
+    local cf = '%0' .. #string.format('%.0f', p.rate) .. '.0f'
+    for j = 1, p.m do seg[j + 1] = string.format(cf, p.c[j]) end
     out[i + 1] = table.concat(seg, ' ')
   else
     r = gwait(p, p.level, p.burst)

@@ -2,7 +2,6 @@ package remote
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/exact"
@@ -13,7 +12,7 @@ import (
 // into. A sub-window's tokens count until the whole sub-window has left
 // the window, so a window is exact to Period/WindowSlots and never admits
 // more than its Rate.
-const WindowSlots = 20
+const WindowSlots = 100
 
 // shaped reports whether r needs the shape script: a sliding window, or
 // more than one limit.
@@ -80,8 +79,8 @@ func validateShape(op Op, r *Request) ([]shapeLimit, error) {
 	if len(out) > MaxLimits {
 		return nil, fmt.Errorf("remote: policy %q: %w: %d limits, at most %d", r.Policy, ErrInvalidPolicy, len(out), MaxLimits)
 	}
-	if r.Hold < 0 || (r.Window && r.Hold > shortest) {
-		return nil, fmt.Errorf("remote: policy %q: %w: hold %v outside [0, %v]", r.Policy, local.ErrInvalidLimit, r.Hold, shortest)
+	if r.Hold < 0 || (r.Window && r.Hold > shortest/10) {
+		return nil, fmt.Errorf("remote: policy %q: %w: hold %v outside [0, %v]", r.Policy, local.ErrInvalidLimit, r.Hold, shortest/10)
 	}
 	if op == OpLease && r.N > capN {
 		return nil, fmt.Errorf("remote: lease %d on %q, tightest limit %d: %w", r.N, r.Key, capN, local.ErrExceedsBurst)
@@ -95,7 +94,7 @@ const MaxLimits = 8
 func newWindow(l shapeLimit, now int64) window {
 	w := window{rate: l.m.Rate, per: l.m.Per, last: now}
 	w.sub = max(1, w.per/WindowSlots)
-	w.counts = make([]int64, 2*cdiv(w.per, w.sub)+2)
+	w.counts = make([]int64, cdiv(w.per, w.sub)+cdiv(w.per, 10*w.sub)+2)
 	w.base, _ = idiv(now-w.per, w.sub)
 	return w
 }
@@ -208,7 +207,7 @@ func freshPart(l shapeLimit, now, used int64) part {
 	if l.window {
 		w := newWindow(l, now)
 		if used > 0 {
-			w.counts[w.slot(now)] = min(used, maxDebt)
+			w.counts[w.slot(now)] = min(used, w.rate)
 		}
 		return part{window: true, w: w}
 	}
@@ -236,7 +235,7 @@ func rescale(old part, l shapeLimit, now int64) part {
 		// the old window's latest one, so they count at least as long.
 		nw := freshPart(l, now, 0)
 		if last := old.w.reset(); last > 0 {
-			nw.w.counts[max(nw.w.slot(now+last-old.w.per-1), 0)] = min(old.w.sum(), maxDebt)
+			nw.w.counts[max(nw.w.slot(now+last-old.w.per-1), 0)] = min(old.w.sum(), nw.w.rate)
 		}
 		return nw
 	}
@@ -337,8 +336,10 @@ func applyShape(st shapeState, exists bool, op Op, r *Request, ls []shapeLimit, 
 	case OpDebit:
 		for i := range st.parts {
 			if p := &st.parts[i]; p.window {
+				// A sub-window holds at most the rate: more only keeps
+				// the window full for a period, which the rate does.
 				k := p.w.slot(p.w.last)
-				p.w.counts[k] = min(p.w.counts[k]+r.N, maxDebt)
+				p.w.counts[k] = min(p.w.counts[k]+r.N, p.w.rate)
 			} else {
 				p.g.level = max(p.g.level-r.N, -maxDebt)
 			}
@@ -393,23 +394,6 @@ func (s *shapeState) toPlain(now int64) state {
 	used := p.w.sum()
 	return state{level: p.w.rate - min(used, p.w.rate), last: p.w.last, version: s.version, burst: p.w.rate,
 		rate: p.w.rate, per: p.w.per}
-}
-
-// String encodes the state as shapeLua keeps it; see scripts.go.
-func (s *shapeState) String() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "S %d %d", s.version, len(s.parts))
-	for _, p := range s.parts {
-		if p.window {
-			fmt.Fprintf(&b, ";w %d %d %d %d", p.w.base, p.w.last, p.w.rate, p.w.per)
-			for _, c := range p.w.counts {
-				fmt.Fprintf(&b, " %012d", c)
-			}
-		} else {
-			fmt.Fprintf(&b, ";g %d %d %d %d %d %d", p.g.level, p.g.carry, p.g.last, p.g.burst, p.g.rate, p.g.per)
-		}
-	}
-	return b.String()
 }
 
 // clone returns a copy of s that shares no counters with it.

@@ -118,7 +118,7 @@ type Request struct {
 	// Hold is how long after a Lease the caller may still spend granted
 	// tokens; a sliding window counts them in the sub-window of the call
 	// plus Hold, so that a window sees them whenever they are spent. At
-	// most the shortest Period. A Return names the same Hold.
+	// most a tenth of the shortest Period. A Return names the same Hold.
 	Hold time.Duration
 	// Since is, for a Return to a sliding window, the store time (a
 	// Result.Now) of the earliest grant the returned tokens may come

@@ -90,3 +90,16 @@ func (c *Cell) Close() int64 {
 
 // Tokens returns the tokens left, 0 once closed.
 func (c *Cell) Tokens() int64 { return max(c.tokens.Load(), 0) }
+
+// AddBefore is Add for tokens that must be spent by expiresAt: while the
+// lease still holds tokens its expiry only moves earlier, so tokens
+// already there keep their own deadline.
+func (c *Cell) AddBefore(n, expiresAt int64) bool {
+	if c.tokens.Load() > 0 {
+		expiresAt = min(expiresAt, c.expiry.Load())
+	}
+	return c.Add(n, expiresAt)
+}
+
+// Expiry returns the lease's expiry (nanoseconds on the owner's clock).
+func (c *Cell) Expiry() int64 { return c.expiry.Load() }
