@@ -152,6 +152,11 @@ var (
 	ErrInvalidOption = errors.New("hybrid: invalid option")
 )
 
+// Validate reports whether New and SetPolicy accept p (a sliding window's
+// Burst 0 read as its Rate): nil, or an error wrapping ErrInvalidPolicy or
+// ErrInvalidLimit.
+func (p Policy) Validate() error { return validatePolicy(p.normalized()) }
+
 // validatePolicy checks a normalized policy.
 func validatePolicy(p Policy) error {
 	if err := remote.ValidateKey("", p.Name, "k"); err != nil {

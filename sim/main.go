@@ -104,6 +104,7 @@ func runOne(s *Scenario, seed uint64, out string, stdout, stderr io.Writer) (*re
 	fmt.Fprintf(stdout, "\n== %s (seed %d, %d processes, %.0f virtual s in %.1f s)\n%s\n\n",
 		s.Name, sd, s.Processes, s.DurationS, time.Since(began).Seconds(), s.Description)
 	rec.table(stdout)
+	rec.auditTable(stdout)
 	files, err := rec.writePlots(out)
 	if err != nil {
 		return nil, "", fmt.Errorf("plot: %w", err)

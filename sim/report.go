@@ -44,6 +44,17 @@ type recorder struct {
 	recoveredAt  time.Duration // -1 until every process is Healthy after the fault
 	singleKey    bool
 	policyChange time.Duration
+
+	// For audited policies (single key): every admission's time, and the
+	// spans of constant limits the audit checks them against.
+	admits []time.Duration
+	spans  []auditSpan
+}
+
+// auditSpan is a stretch of the run under one set of limits.
+type auditSpan struct {
+	from, to time.Duration
+	limits   []hybrid.Limit
 }
 
 func newRecorder(sc *Scenario, w *world) *recorder {
@@ -60,10 +71,38 @@ func newRecorder(sc *Scenario, w *world) *recorder {
 	r.perSecond = make([][]int64, secs)
 	r.offeredS = make([]int64, secs)
 	r.limitS = make([]float64, secs)
+	limits := sc.Policy.limitsOf(sc.Policy.Tier)
 	for i := range r.limitS {
-		r.limitS[i] = perSecond(sc.Policy.limit())
+		r.limitS[i] = sustained(limits)
+	}
+	if sc.Policy.shaped() && r.singleKey {
+		r.spans = []auditSpan{{from: 0, to: sec(sc.DurationS), limits: limits}}
 	}
 	return r
+}
+
+// sustained is the tightest long-run rate of limits, per second.
+func sustained(limits []hybrid.Limit) float64 {
+	out := math.Inf(1)
+	for _, l := range limits {
+		out = math.Min(out, perSecond(l))
+	}
+	return out
+}
+
+// tierChanged records that every key moved to tier at at: the plot's
+// limit follows, and the audit judges the old tier's span up to the move
+// and the new tier's from one lease TTL after it.
+func (r *recorder) tierChanged(at time.Duration, tier string) {
+	limits := r.sc.Policy.limitsOf(tier)
+	for s := int(at / time.Second); s < len(r.limitS); s++ {
+		r.limitS[s] = sustained(limits)
+	}
+	if n := len(r.spans); n > 0 {
+		end := r.spans[n-1].to
+		r.spans[n-1].to = at
+		r.spans = append(r.spans, auditSpan{from: min(at+r.w.leaseTTL(), end), to: end, limits: limits})
+	}
 }
 
 // addPhases splits the run into phases: healthy / outage / recovery /
@@ -91,11 +130,15 @@ func (r *recorder) addPhases(ttl time.Duration) {
 		r.addPhase("after", min(fe+2*time.Second, total), total, lim)
 		return
 	}
+	lim = sc.Policy.limitsOf(sc.Policy.Tier)[0]
 	for _, e := range sc.Events {
-		if e.Kind == "policy" {
+		if e.Kind == "policy" || e.Kind == "tier" {
 			at := sec(e.AtS)
 			next := lim
 			next.Rate, next.Burst = e.Rate, e.Burst
+			if e.Kind == "tier" {
+				next = sc.Policy.limitsOf(e.Tier)[0]
+			}
 			r.addPhase("healthy", 0, at, lim)
 			r.addPhase("change", at, min(at+ttl, total), next)
 			r.addPhase("after", min(at+ttl, total), total, next)
@@ -170,6 +213,9 @@ func (r *recorder) decision(now time.Duration, proc int, key string, d hybrid.De
 	}
 	if !d.Allowed {
 		return
+	}
+	if r.spans != nil {
+		r.admits = append(r.admits, now)
 	}
 	p.admitted++
 	p.perKeyAdmitted[key]++
@@ -277,6 +323,7 @@ func (r *recorder) verdict() []string {
 			miss = append(miss, fmt.Sprintf("%s: %d decisions returned errors", p.name, p.errors))
 		}
 	}
+	miss = append(miss, r.auditMisses()...)
 	if t.RecoveryMaxS > 0 && r.faultEnd > 0 {
 		switch {
 		case r.recoveredAt < 0:
@@ -299,4 +346,96 @@ func (r *recorder) summary() string {
 		return fmt.Sprintf("PASS %s%s", r.sc.Name, extra)
 	}
 	return fmt.Sprintf("MISS %s%s: %s", r.sc.Name, extra, strings.Join(miss, "; "))
+}
+
+// auditStep is how often the audit ends a window: every 100 ms.
+const auditStep = 100 * time.Millisecond
+
+// limitAudit is one limit's windows in one span: the most any window
+// admitted against what the limit allows, and the least a whole window
+// admitted once a full period had passed in the span (-1: none did),
+// judged against the limit's Rate (what a period yields at the limit).
+type limitAudit struct {
+	span        int
+	limit       hybrid.Limit
+	allowed     int64
+	windows     int
+	most, least int64
+	fullWindows int
+}
+
+// audit checks every window of every limit of each span, ending at
+// 100 ms steps: admissions in (t - Period, t], counted from the span's
+// start, against Rate for a sliding window and Burst + Rate for a token
+// bucket.
+func (r *recorder) audit() []limitAudit {
+	var out []limitAudit
+	for si, sp := range r.spans {
+		for _, l := range sp.limits {
+			a := limitAudit{span: si, limit: l, allowed: l.Burst + l.Rate, least: -1}
+			if r.sc.Policy.window() {
+				a.allowed = l.Rate
+			}
+			for t := sp.from + auditStep; t <= sp.to; t += auditStep {
+				from := max(t-l.Period, sp.from)
+				n := int64(sort.Search(len(r.admits), func(i int) bool { return r.admits[i] > t }) -
+					sort.Search(len(r.admits), func(i int) bool { return r.admits[i] > from }))
+				a.windows++
+				a.most = max(a.most, n)
+				if t-l.Period >= sp.from {
+					a.fullWindows++
+					if a.least < 0 || n < a.least {
+						a.least = n
+					}
+				}
+			}
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// auditTable prints the window audit of an audited policy.
+func (r *recorder) auditTable(out io.Writer) {
+	if len(r.spans) == 0 {
+		return
+	}
+	fmt.Fprintln(out, "\nwindow audit (every window ending at 100 ms steps):")
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "span\tlimit\twindows\tmost admitted\tallowed\tleast in a full window\t")
+	for _, a := range r.audit() {
+		sp := r.spans[a.span]
+		least := "-"
+		if a.least >= 0 {
+			least = fmt.Sprintf("%d (%.1f%% of %d)", a.least, pct(a.least, a.limit.Rate), a.limit.Rate)
+		}
+		fmt.Fprintf(tw, "%.1f–%.1f s\t%s\t%d\t%d\t%d\t%s\t\n", sp.from.Seconds(), sp.to.Seconds(), a.limit, a.windows, a.most,
+			a.allowed, least)
+	}
+	_ = tw.Flush()
+}
+
+// auditMisses returns the audit's misses: any window over its limit, and
+// spans where no limit kept every full window at the utilization target.
+func (r *recorder) auditMisses() []string {
+	var miss []string
+	best := map[int]float64{}
+	hasFull := map[int]bool{}
+	for _, a := range r.audit() {
+		if a.most > a.allowed {
+			miss = append(miss, fmt.Sprintf("a window of %s admitted %d > %d", a.limit, a.most, a.allowed))
+		}
+		if a.least >= 0 {
+			hasFull[a.span] = true
+			best[a.span] = math.Max(best[a.span], pct(a.least, a.limit.Rate))
+		}
+	}
+	if t := r.sc.Targets.WindowUtilizationMinPct; t > 0 {
+		for si := range r.spans {
+			if hasFull[si] && best[si] < t {
+				miss = append(miss, fmt.Sprintf("span %d: full windows at %.1f%% of their limit < %.1f%%", si, best[si], t))
+			}
+		}
+	}
+	return miss
 }

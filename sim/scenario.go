@@ -56,11 +56,68 @@ type PolicySpec struct {
 	Rate     int64   `json:"rate"`
 	PeriodMS float64 `json:"period_ms"`
 	Burst    int64   `json:"burst"`
+	// Algorithm is gcra (default) or sliding-window.
+	Algorithm string `json:"algorithm"`
+	// Also lists more limits every admission must fit (Policy.Also).
+	Also []LimitSpec `json:"also"`
+	// Tiers are named limits (Policy.Tiers); Tier is the one every key
+	// starts under ("" for the policy's own), moved by "tier" events.
+	Tiers map[string]LimitSpec `json:"tiers"`
+	Tier  string               `json:"tier"`
+}
+
+// LimitSpec is a hybrid.Limit in JSON.
+type LimitSpec struct {
+	Rate     int64   `json:"rate"`
+	PeriodMS float64 `json:"period_ms"`
+	Burst    int64   `json:"burst"`
+}
+
+func (l LimitSpec) limit() hybrid.Limit {
+	return hybrid.Limit{Rate: l.Rate, Period: ms(l.PeriodMS), Burst: l.Burst}
 }
 
 func (p PolicySpec) limit() hybrid.Limit {
 	return hybrid.Limit{Rate: p.Rate, Period: ms(p.PeriodMS), Burst: p.Burst}
 }
+
+// policy is the hybrid.Policy the fleet starts with.
+func (p PolicySpec) policy() hybrid.Policy {
+	out := hybrid.Policy{Name: p.Name, Limit: p.limit(), Version: 1}
+	if p.Algorithm == "sliding-window" {
+		out.Algorithm = hybrid.SlidingWindow
+	}
+	for _, l := range p.Also {
+		out.Also = append(out.Also, l.limit())
+	}
+	for name, l := range p.Tiers {
+		if out.Tiers == nil {
+			out.Tiers = map[string]hybrid.Tier{}
+		}
+		out.Tiers[name] = hybrid.Tier{Limit: l.limit()}
+	}
+	return out
+}
+
+// limitsOf returns the limits of tier ("" for the policy's own), first the
+// one the tier is named by.
+func (p PolicySpec) limitsOf(tier string) []hybrid.Limit {
+	if t, ok := p.Tiers[tier]; ok && tier != "" {
+		return []hybrid.Limit{t.limit()}
+	}
+	out := []hybrid.Limit{p.limit()}
+	for _, l := range p.Also {
+		out = append(out, l.limit())
+	}
+	return out
+}
+
+// window reports whether the policy's limits are sliding windows.
+func (p PolicySpec) window() bool { return p.Algorithm == "sliding-window" }
+
+// shaped reports whether the run audits every window of every limit: a
+// sliding window, several limits, or tiers.
+func (p PolicySpec) shaped() bool { return p.window() || len(p.Also) > 0 || len(p.Tiers) > 0 }
 
 // LimiterSpec holds hybrid options; zero means the library default.
 type LimiterSpec struct {
@@ -111,7 +168,9 @@ type TrafficSpec struct {
 //   - policy: process 0 sets Rate/Burst (a new version).
 //   - restart: processes restart one by one, EveryS apart.
 //   - join / leave: Count processes join or leave.
+//   - tier: every key moves to tier Tier (a tenant upgraded).
 type EventSpec struct {
+	Tier      string  `json:"tier"`
 	Kind      string  `json:"kind"`
 	AtS       float64 `json:"at_s"`
 	UntilS    float64 `json:"until_s"`
@@ -144,6 +203,11 @@ type Targets struct {
 	// MaxStoreCallsPer1000 bounds store calls per 1 000 decisions while
 	// healthy.
 	MaxStoreCallsPer1000 float64 `json:"max_store_calls_per_1000"`
+	// WindowUtilizationMinPct is, for audited policies, the least share
+	// of each binding limit a window of its period must admit once a whole
+	// period has passed under it (see the window audit); audits always
+	// require that no window admits more than its limit.
+	WindowUtilizationMinPct float64 `json:"window_utilization_min_pct"`
 }
 
 func ms(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
@@ -152,7 +216,7 @@ func sec(f float64) time.Duration {
 }
 
 var kinds = map[string]bool{"outage": true, "hang": true, "latency": true, "partition": true, "skew": true,
-	"policy": true, "restart": true, "join": true, "leave": true}
+	"policy": true, "restart": true, "join": true, "leave": true, "tier": true}
 
 // validate fills defaults and rejects what cannot run.
 func (s *Scenario) validate() error {
@@ -186,8 +250,16 @@ func (s *Scenario) validateRun() []error {
 	if s.Policy.Name == "" {
 		s.Policy.Name = "sim"
 	}
-	if err := s.Policy.limit().Validate(); err != nil {
+	switch s.Policy.Algorithm {
+	case "", "gcra", "sliding-window":
+	default:
+		errs = append(errs, fmt.Errorf("policy.algorithm %q unknown", s.Policy.Algorithm))
+	}
+	if err := s.Policy.policy().Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("policy: %w", err))
+	}
+	if _, ok := s.Policy.Tiers[s.Policy.Tier]; s.Policy.Tier != "" && !ok {
+		errs = append(errs, fmt.Errorf("policy.tier %q is not among policy.tiers", s.Policy.Tier))
 	}
 	switch s.Limiter.OutageMode {
 	case "", "degraded", "fail-open", "fail-closed":
@@ -245,6 +317,9 @@ func (s *Scenario) validateEvent(i int) []error {
 	}
 	if e.Kind == "partition" && (e.Fraction <= 0 || e.Fraction > 1) {
 		errs = append(errs, fmt.Errorf("events[%d]: partition needs a fraction in (0, 1]", i))
+	}
+	if _, ok := s.Policy.Tiers[e.Tier]; e.Kind == "tier" && !ok {
+		errs = append(errs, fmt.Errorf("events[%d]: tier %q is not among policy.tiers", i, e.Tier))
 	}
 	if e.Kind == "policy" {
 		l := s.Policy.limit()

@@ -32,14 +32,16 @@ func shorten(s *Scenario, maxS float64, maxProcs, maxKeys int) {
 // TestDefaultSuiteMeetsTargets runs every built-in scenario, shortened, and
 // requires its verdict: healthy over-admission 0 and utilization ≥ 95%,
 // outage admission within ±15% of the limit, recovery to Healthy within
-// 2 virtual seconds, a halved limit obeyed one lease TTL later.
+// 2 virtual seconds, a halved limit obeyed one lease TTL later; for
+// sliding windows, several limits and tiers, no window over any limit (the
+// window audit) instead of the utilization of one token bucket.
 func TestDefaultSuiteMeetsTargets(t *testing.T) {
 	suite, err := defaultSuite()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(suite) != 9 {
-		t.Fatalf("default suite has %d scenarios, want 9", len(suite))
+	if len(suite) != 12 {
+		t.Fatalf("default suite has %d scenarios, want 12", len(suite))
 	}
 	for _, s := range suite {
 		t.Run(s.Name, func(t *testing.T) {
@@ -60,13 +62,23 @@ func TestDefaultSuiteMeetsTargets(t *testing.T) {
 				bound, servable, over := p.bound()
 				switch p.name {
 				case "healthy":
-					if over != 0 || pct(p.admitted, servable) < 95 {
+					if over != 0 || (!s.Policy.shaped() && pct(p.admitted, servable) < 95) {
 						t.Errorf("healthy: over-admitted %d of bound %d, utilization %.1f%%", over, bound, pct(p.admitted, servable))
 					}
 				case "after":
 					if s.Name == "limit-halved" && over != 0 {
 						t.Errorf("halved limit not obeyed one lease TTL after the change: %d over", over)
 					}
+				}
+			}
+			if s.Policy.shaped() {
+				for _, a := range rec.audit() {
+					if a.most > a.allowed {
+						t.Errorf("a window of %s admitted %d > %d", a.limit, a.most, a.allowed)
+					}
+				}
+				if len(rec.audit()) == 0 {
+					t.Error("an audited policy's run was not audited")
 				}
 			}
 			if rec.faultEnd > 0 && (rec.recoveredAt < 0 || (rec.recoveredAt-rec.faultEnd).Seconds() > 2) {

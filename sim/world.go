@@ -58,6 +58,7 @@ type world struct {
 	ctx     context.Context
 	pending []timedAction
 	seed    uint64
+	tier    atomic.Value // string: the tier every key is under
 	// incarnations counts limiters created, to seed each one apart.
 	incarnations uint64
 }
@@ -76,9 +77,10 @@ func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*
 		dt:     ms(sc.StepMS),
 		seed:   seed,
 		ctx:    context.Background(),
-		policy: hybrid.Policy{Name: sc.Policy.Name, Limit: sc.Policy.limit(), Version: 1},
+		policy: sc.Policy.policy(),
 	}
 	w.mem = remote.NewMemory(w.clk)
+	w.tier.Store(sc.Policy.Tier)
 	w.rec = newRecorder(sc, w)
 	for i, t := range sc.Traffic {
 		keys := make([]string, t.Keys)
@@ -122,6 +124,9 @@ func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*
 func (w *world) options(c clock.Clock) []hybrid.Option {
 	l := w.sc.Limiter
 	opts := []hybrid.Option{hybrid.WithClock(c), hybrid.WithLogger(slog.New(slog.DiscardHandler))}
+	if len(w.sc.Policy.Tiers) > 0 {
+		opts = append(opts, hybrid.WithTier(func(string) string { return w.tier.Load().(string) }))
+	}
 	if l.LeaseTTLMS > 0 {
 		opts = append(opts, hybrid.WithLeaseTTL(ms(l.LeaseTTLMS)))
 	}
@@ -205,6 +210,11 @@ func (w *world) schedule() {
 			w.at(e.AtS, func() { w.skew(ms(e.SkewMS)) })
 		case "policy":
 			w.at(e.AtS, func() { w.changePolicy(e) })
+		case "tier":
+			w.at(e.AtS, func() {
+				w.tier.Store(e.Tier)
+				w.rec.tierChanged(sec(e.AtS), e.Tier)
+			})
 		case "restart":
 			every := sec(e.EveryS)
 			for i := 0; i < w.sc.Processes; i++ {
