@@ -203,3 +203,87 @@ func ExampleNew_cluster() {
 	defer lim.Close(context.Background())
 	_ = lim.Allow(context.Background(), "customer-42")
 }
+
+// A contract of 3 requests per minute, audited per window: after 3, the
+// fourth waits until the first has left the minute, not for a refill.
+func ExampleSlidingWindow() {
+	w := newWorld()
+	defer w.close()
+	ctx := context.Background()
+	lim, err := hybrid.New(remote.NewRedis(w.rdb),
+		hybrid.Policy{Name: "export", Limit: hybrid.PerMinute(3), Algorithm: hybrid.SlidingWindow},
+		hybrid.WithClock(w.clk))
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close(ctx)
+
+	for i := 0; i < 4; i++ {
+		d, _ := lim.AllowN(ctx, "customer-42", 1)
+		fmt.Println(d.Allowed, d.RetryAfter.Round(time.Second))
+		w.advance(10 * time.Second)
+	}
+	// Output:
+	// true 0s
+	// true 0s
+	// true 0s
+	// false 31s
+}
+
+// Two limits on one key: 2 per second and 3 per minute. The refusal names
+// the limit that refused.
+func ExamplePolicy_also() {
+	w := newWorld()
+	defer w.close()
+	ctx := context.Background()
+	lim, err := hybrid.New(remote.NewRedis(w.rdb),
+		hybrid.Policy{Name: "b2b", Limit: hybrid.PerSecond(2), Also: []hybrid.Limit{hybrid.PerMinute(3)}},
+		hybrid.WithClock(w.clk))
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close(ctx)
+
+	for i := 0; i < 4; i++ {
+		d, _ := lim.AllowN(ctx, "customer-42", 1)
+		fmt.Println(d.Allowed, d.Limit)
+		w.advance(time.Second)
+	}
+	// Output:
+	// true 2/1s burst 2
+	// true 2/1s burst 2
+	// true 2/1s burst 2
+	// false 3/1m0s burst 3
+}
+
+// Plans: a key's tier comes from WithTier; each tier's limit is in the
+// policy, versioned, so every process agrees on it.
+func ExampleWithTier() {
+	w := newWorld()
+	defer w.close()
+	ctx := context.Background()
+	plans := map[string]string{"acme": "paid"}
+	lim, err := hybrid.New(remote.NewRedis(w.rdb),
+		hybrid.Policy{Name: "api", Limit: hybrid.PerSecond(1), Tiers: map[string]hybrid.Tier{
+			"free": {Limit: hybrid.PerSecond(1)},
+			"paid": {Limit: hybrid.PerSecond(3)},
+		}},
+		hybrid.WithClock(w.clk), hybrid.WithTier(func(key string) string { return plans[key] }))
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close(ctx)
+
+	for _, key := range []string{"acme", "bob"} {
+		n := 0
+		for i := 0; i < 5; i++ {
+			if lim.Allow(ctx, key) {
+				n++
+			}
+		}
+		fmt.Println(key, n)
+	}
+	// Output:
+	// acme 3
+	// bob 1
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/leasehold/leasehold/local"
@@ -49,6 +50,9 @@ func (s *RedisStore) Peek(ctx context.Context, prefix, policy, key string) (Buck
 	}
 	if raw == "" {
 		return Bucket{}, nil
+	}
+	if strings.HasPrefix(raw, "S ") {
+		return Bucket{}, fmt.Errorf("remote: bucket %q holds a sliding window or several limits, which Peek does not read: %q", bk, raw)
 	}
 	st, err := parseState(raw)
 	if err != nil {

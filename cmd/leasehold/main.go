@@ -19,7 +19,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -107,6 +109,20 @@ func showPolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, 
 		return fmt.Errorf("policy %q: no record at %s (no limiter has published it, or it expired)", name, remote.PolicyKey(prefix, name))
 	}
 	fmt.Fprintf(out, "policy  %s\nversion %d\nlimit   %v\n", name, rec.Version, rec.Limit)
+	if rec.Window {
+		fmt.Fprintln(out, "algorithm sliding-window")
+	}
+	for _, l := range rec.Also {
+		fmt.Fprintf(out, "also    %v\n", l)
+	}
+	for _, tier := range slices.Sorted(maps.Keys(rec.Tiers)) {
+		t := rec.Tiers[tier]
+		fmt.Fprintf(out, "tier    %s: %v", tier, t.Limit)
+		for _, l := range t.Also {
+			fmt.Fprintf(out, " and %v", l)
+		}
+		fmt.Fprintln(out)
+	}
 	return nil
 }
 
@@ -124,6 +140,11 @@ func setPolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, a
 		*burst = *rate
 	}
 	rec := remote.PolicyRecord{Version: *version, Limit: local.Limit{Rate: *rate, Period: *period, Burst: *burst}}
+	// Only the policy's own limit changes: a sliding window, more limits
+	// and tiers in force are kept.
+	if old, ok, err := s.GetPolicy(ctx, prefix, name); err == nil && ok {
+		rec.Window, rec.Also, rec.Tiers = old.Window, old.Also, old.Tiers
+	}
 	cur, applied, err := s.SetPolicy(ctx, prefix, name, rec)
 	if err != nil {
 		return err

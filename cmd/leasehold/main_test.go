@@ -9,6 +9,7 @@ import (
 
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/leasehold/leasehold/local"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/redis/go-redis/v9"
 )
@@ -67,6 +68,23 @@ func TestCommands(t *testing.T) {
 			}
 			if code, _, errOut := cli(append(flags, "policy", "show", "no-such-policy")...); code != 1 || !strings.Contains(errOut, "no record") {
 				t.Fatalf("unknown policy: %d %s", code, errOut)
+			}
+			// A shaped policy: show prints its shape, and set changes its own
+			// limit and keeps the rest.
+			shaped := name + "-shaped"
+			rec := remote.PolicyRecord{Version: 1, Limit: local.PerSecond(10), Window: true, Also: []local.Limit{local.PerHour(1000)},
+				Tiers: map[string]remote.TierRecord{"paid": {Limit: local.PerSecond(100)}}}
+			if _, _, err := remote.NewRedis(c).SetPolicy(context.Background(), "", shaped, rec); err != nil {
+				t.Fatal(err)
+			}
+			if code, out, errOut := cli(append(flags, "policy", "set", shaped, "-version", "2", "-rate", "20")...); code != 0 {
+				t.Fatalf("policy set on a shaped policy: %d %s%s", code, out, errOut)
+			}
+			code, out, _ = cli(append(flags, "policy", "show", shaped)...)
+			for _, want := range []string{"limit   20/1s burst 20", "algorithm sliding-window", "also    1000/1h0m0s burst 1000", "tier    paid: 100/1s burst 100"} {
+				if code != 0 || !strings.Contains(out, want) {
+					t.Fatalf("policy show of a shaped policy: %d, want %q in\n%s", code, want, out)
+				}
 			}
 			deadline := time.Now().Add(5 * time.Second)
 			for {
