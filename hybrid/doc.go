@@ -14,6 +14,12 @@
 // when the bucket is contended the store grants future-dated leases (GCRA
 // reservations) so every call it answers delivers a useful batch.
 //
+// A Policy is a token bucket (GCRA) by default. It can instead be a sliding
+// window (at most Rate in any Period, Algorithm SlidingWindow), carry
+// several limits that every admission must fit (Also), and name tiers of
+// limits that keys are put under by WithTier; all are decided by one store
+// call per lease and versioned together in the policy record.
+//
 // When the store fails or is slower than the store timeout, decisions fall
 // back to the configured OutageMode instead of returning errors.
 package hybrid
