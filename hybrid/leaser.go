@@ -232,7 +232,7 @@ func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
 		// the degraded share, and be spent on top of it.
 		return 0
 	}
-	if level := e.level.Load(); e.reserved() == 0 && (level < 0 || level >= p.maxLease) {
+	if level := e.level.Load(); e.reserved() == 0 && (level < 0 || level >= p.tier(e).maxLease) {
 		return 0
 	}
 	n := int64(max(ls.fleet(), 1))
