@@ -10,13 +10,6 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// hotLimiter returns a limiter whose key "hot" holds a lease large enough
-// for any benchmark: the fast path never runs dry, so the benchmark
-// measures exactly the decision on a leased key.
-func hotLimiter(tb testing.TB) *Limiter {
-	return hotLimiterOf(tb, Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}})
-}
-
 // benchPolicies are the policy shapes a leased decision must cost the same
 // on: one token bucket, a sliding window, and two limits.
 var benchPolicies = []struct {
@@ -29,6 +22,9 @@ var benchPolicies = []struct {
 		Also: []Limit{{Rate: 1e12, Period: time.Hour, Burst: 1e12}}}},
 }
 
+// hotLimiterOf returns a limiter of p whose key "hot" holds a lease large
+// enough for any benchmark: the fast path never runs dry, so the benchmark
+// measures exactly the decision on a leased key.
 func hotLimiterOf(tb testing.TB, p Policy) *Limiter {
 	tb.Helper()
 	w := newFakeWorld()

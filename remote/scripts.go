@@ -2,6 +2,27 @@ package remote
 
 import "github.com/redis/go-redis/v9"
 
+// luaPrelude starts every bucket script: effects replication where the
+// server needs it asked for (TIME makes a script non-deterministic), and
+// exact integer division on doubles. idiv is floor division with a
+// non-negative remainder, corrected for the rounding of the float
+// division; cdiv rounds up.
+const luaPrelude = `
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then q = q - 1; r = r + b elseif r >= b then q = q + 1; r = r - b end
+  return q, r
+end
+local function cdiv(a, b)
+  local q, r = idiv(a, b)
+  if r > 0 then q = q + 1 end
+  return q
+end
+`
+
 // bucketLua is one token bucket per key, refilled lazily from Redis TIME.
 // apply in bucket.go is its Go twin; keep the two in step.
 //
@@ -47,21 +68,7 @@ import "github.com/redis/go-redis/v9"
 // Errors: "LEASEHOLD_CORRUPT ..." when the key holds a foreign value or
 // another type (WRONGTYPE, caught with pcall so every server reports it the
 // same way).
-var bucketLua = `
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then q = q - 1; r = r + b elseif r >= b then q = q + 1; r = r - b end
-  return q, r
-end
-local function cdiv(a, b)
-  local q, r = idiv(a, b)
-  if r > 0 then q = q + 1 end
-  return q
-end
-
+var bucketLua = luaPrelude + `
 local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local minn = tonumber(ARGV[3])
@@ -287,21 +294,7 @@ var peekScript = redis.NewScript(peekLua)
 // the fewest any part has if that covers need, else nothing, with the
 // longest wait for need. Reply: bucketLua's nine fields, then binding
 // (0-based index of the limit that decided).
-var shapeLua = `
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then q = q - 1; r = r + b elseif r >= b then q = q + 1; r = r - b end
-  return q, r
-end
-local function cdiv(a, b)
-  local q, r = idiv(a, b)
-  if r > 0 then q = q + 1 end
-  return q
-end
-
+var shapeLua = luaPrelude + `
 local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local need = tonumber(ARGV[4])
