@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -437,14 +438,22 @@ func TestForeignDataInBucketKey(t *testing.T) {
 				{"hash (WRONGTYPE)", func(k string) error { return be.client.HSet(ctx, k, "f", "v").Err() }},
 				{"foreign string", func(k string) error { return be.client.Set(ctx, k, "hello", 0).Err() }},
 				{"out-of-range state", func(k string) error { return be.client.Set(ctx, k, "1 0 1 1 5 0 7", 0).Err() }},
+				{"shaped, counters missing", func(k string) error { return be.client.Set(ctx, k, "S 1 1;w 1 2 4 1000000 0 0", 0).Err() }},
+				{"shaped, parts miscounted", func(k string) error { return be.client.Set(ctx, k, "S 1 2;g 1 0 1 5 5 5", 0).Err() }},
+				{"shaped, unknown part", func(k string) error { return be.client.Set(ctx, k, "S 1 1;x 1 2 3", 0).Err() }},
 			} {
-				key := t.Name() + tc.name
-				require.NoError(t, tc.write(BucketKey("", "p", key)))
-				_, err := be.store.Lease(ctx, Request{Policy: "p", Key: key, Limit: slow, N: 1})
-				if !errors.Is(err, ErrCorruptState) {
-					t.Errorf("%s: Lease error = %v, want ErrCorruptState", tc.name, err)
-				} else if !containsKey(err.Error(), key) {
-					t.Errorf("%s: error %q does not name the key", tc.name, err)
+				// Plain and shaped requests read the same keys: each script
+				// must refuse what it cannot trust.
+				for _, shaped := range []bool{false, true} {
+					key := fmt.Sprintf("%s%s-%v", t.Name(), tc.name, shaped)
+					require.NoError(t, tc.write(BucketKey("", "p", key)))
+					req := Request{Policy: "p", Key: key, Limit: win4, N: 1, Window: shaped}
+					_, err := be.store.Lease(ctx, req)
+					if !errors.Is(err, ErrCorruptState) {
+						t.Errorf("%s (shaped %v): Lease error = %v, want ErrCorruptState", tc.name, shaped, err)
+					} else if !containsKey(err.Error(), key) {
+						t.Errorf("%s: error %q does not name the key", tc.name, err)
+					}
 				}
 			}
 		})
@@ -478,7 +487,8 @@ func TestScriptFlushBetweenCalls(t *testing.T) {
 					t.Fatalf("Lease #%d after flush granted %d, want 1", i, res.Granted)
 				}
 				flush(t, be.client)
-				reqs := []Request{req, {Policy: "p", Key: t.Name() + "-other{x}", Limit: slow10, N: 2}}
+				reqs := []Request{req, {Policy: "p", Key: t.Name() + "-other{x}", Limit: slow10, N: 2},
+					{Policy: "p", Key: t.Name() + "-window", Limit: win4, Window: true, N: 1}}
 				for j, r := range be.store.Batch(ctx, OpLease, reqs) {
 					require.NoError(t, r.Err, "Batch after SCRIPT FLUSH, reply %d", j)
 					if r.Granted != reqs[j].N {

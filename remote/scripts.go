@@ -113,14 +113,22 @@ if raw and string.sub(raw, 1, 2) == 'S ' then
   -- A shaped bucket (shapeLua) whose policy went back to one token
   -- bucket: read its first limit as the plain state, a window as a bucket
   -- that has used what the window holds; the rescale below applies.
-  local ver, seg = string.match(raw, '^S (%d+) %d+;([^;]*)')
+  local ver, nparts, rest = string.match(raw, '^S (%d+) (%d+)(.*)$')
+  local segs = {}
+  if rest then for x in string.gmatch(rest, ';([^;]*)') do segs[#segs + 1] = x end end
+  local seg = segs[1] or ''
   local f = {}
-  if seg then for x in string.gmatch(string.sub(seg, 3), '%S+') do f[#f + 1] = tonumber(x) end end
-  if ver and string.sub(seg, 1, 1) == 'g' and #f == 6 then
+  for x in string.gmatch(string.sub(seg, 3), '%S+') do f[#f + 1] = tonumber(x) end
+  local wsub = 1
+  if f[4] and f[4] >= 1 then wsub = math.max(1, math.floor(f[4] / 100)) end
+  if not ver or #segs ~= tonumber(nparts) or #segs < 1 then
+    return redis.error_reply('LEASEHOLD_CORRUPT bucket holds a value leasehold did not write')
+  elseif string.sub(seg, 1, 1) == 'g' and #f == 6 then
     raw = string.format('%.0f %.0f %.0f %s %.0f %.0f %.0f', f[1], f[2], f[3], ver, f[4], f[5], f[6])
-  elseif ver and string.sub(seg, 1, 1) == 'w' and #f >= 5 and f[4] >= 1 then
+  elseif string.sub(seg, 1, 1) == 'w' and #f >= 5 and f[3] and f[3] >= 1 and f[4] >= 1 and
+      #f == 4 + cdiv(f[4], wsub) + cdiv(f[4], 10 * wsub) + 2 then
     local wrate, wper, base, wlast = f[3], f[4], f[1], math.max(now, f[2])
-    local lo = idiv(wlast - wper, math.max(1, math.floor(wper / 100)))
+    local lo = idiv(wlast - wper, wsub)
     local u = 0
     for i = 5, #f do if base + i - 5 >= lo then u = u + f[i] end end
     if u > wrate then u = wrate end
