@@ -231,6 +231,12 @@ func (o *outage) unpaid(e *entry, p *policyState, admitted, now int64) int64 {
 	if admitted <= 0 {
 		return 0
 	}
+	if p.hold > 0 {
+		// A sliding window forgets nothing within its period: every
+		// admission of the outage counts (those older than a period
+		// only cost a little room), up to one window's worth.
+		return min(admitted, p.tier(e).est.Burst)
+	}
 	x := e.extra()
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -41,14 +41,14 @@ func (r *Reservation) DelayFrom(t time.Time) time.Duration {
 	return max(r.at.Sub(t), 0)
 }
 
-// Cancel gives the tokens back if their time has not come yet, so that
-// others may use them. After that time, or a second time, it does nothing:
-// the tokens count as used.
+// Cancel gives the tokens back if their time has not come yet (or comes
+// this very moment), so that others may use them. After that time, or a
+// second time, it does nothing: the tokens count as used.
 func (r *Reservation) Cancel() {
 	if !r.ok || !r.fromStore || !r.cancelled.CompareAndSwap(false, true) {
 		return
 	}
-	if r.l.cfg.clk.Now().Before(r.at) {
+	if !r.l.cfg.clk.Now().After(r.at) {
 		r.l.settleLater(r.l.reservationReturn(r.l.policy.load(), r.key, r.tier, r.n, r.grantedAt))
 		r.l.bg.after(0, r.l.flushQueued)
 	}
