@@ -1,0 +1,111 @@
+package remote
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/local"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestShapeTwinsAgree drives shapeLua (on miniredis, whose TIME follows a
+// manual clock) and its Go twin applyShape (MemoryStore on the same clock)
+// through the same random sequences: sliding windows and token buckets,
+// one to three limits, leases with holds, returns with and without since,
+// debits, policy changes and time steps from a microsecond to past a
+// period. Every reply must be the same.
+func TestShapeTwinsAgree(t *testing.T) {
+	mr := miniredis.RunT(t)
+	start := time.Unix(1_700_000_000, 123_456_000)
+	clk := clock.NewManual(start)
+	mr.SetTime(start)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	lua, mem := NewRedis(c), NewMemory(clk)
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(13, 13))
+	randLimit := func(window bool) local.Limit {
+		periods := []time.Duration{time.Second, 10 * time.Second, time.Minute, 1500 * time.Millisecond}
+		l := local.Limit{Rate: 1 + r.Int64N(50), Period: periods[r.IntN(len(periods))]}
+		l.Burst = l.Rate
+		if !window {
+			l.Burst = 1 + r.Int64N(60)
+		}
+		return l
+	}
+	sequences := 150
+	if testing.Short() {
+		sequences = 30
+	}
+	for seq := range sequences {
+		window := r.IntN(2) == 0
+		limits := make([]local.Limit, 1+r.IntN(3))
+		for i := range limits {
+			limits[i] = randLimit(window)
+		}
+		version := uint64(1)
+		key := fmt.Sprintf("seq-%d", seq)
+		var lastNow time.Time
+		for step := range 40 {
+			if r.IntN(12) == 0 { // a policy change: new limits, maybe another algorithm
+				version++
+				window = r.IntN(3) > 0 == window
+				for i := range limits {
+					limits[i] = randLimit(window)
+				}
+				limits = limits[:1+r.IntN(len(limits))]
+			}
+			shortest := limits[0].Period
+			capN := limits[0].Burst
+			for _, l := range limits {
+				shortest, capN = min(shortest, l.Period), min(capN, l.Burst)
+			}
+			req := Request{Policy: "twins", Key: key, Limit: limits[0], Also: limits[1:], Window: window, Version: version,
+				N: 1 + r.Int64N(capN)}
+			if len(req.Also) == 0 && !window {
+				req.Also = []local.Limit{limits[0]} // keep it shaped: two equal limits
+			}
+			if window {
+				req.Hold = time.Duration(r.Int64N(int64(shortest/10/time.Microsecond)+1)) * time.Microsecond
+			}
+			req.Need = 1 + r.Int64N(req.N)
+			req.Min = req.Need
+			op := []Op{OpLease, OpLease, OpLease, OpReturn, OpDebit}[r.IntN(5)]
+			if op == OpReturn && r.IntN(4) > 0 {
+				req.Since = lastNow
+			}
+			var got, want Result
+			var gerr, werr error
+			switch op {
+			case OpLease:
+				got, gerr = lua.Lease(ctx, req)
+				want, werr = mem.Lease(ctx, req)
+			case OpReturn:
+				got, gerr = lua.Return(ctx, req)
+				want, werr = mem.Return(ctx, req)
+			case OpDebit:
+				got, gerr = lua.Debit(ctx, req)
+				want, werr = mem.Debit(ctx, req)
+			}
+			if gerr != nil || werr != nil {
+				t.Fatalf("seq %d step %d %v %+v: lua error %v, Go error %v", seq, step, op, req, gerr, werr)
+			}
+			if got != want {
+				t.Fatalf("seq %d step %d %v %+v:\n lua %+v\n  Go %+v", seq, step, op, req, got, want)
+			}
+			if op == OpLease {
+				lastNow = got.Now
+			}
+			steps := []time.Duration{time.Microsecond, 7 * time.Millisecond, 333 * time.Millisecond, 2 * time.Second, 61 * time.Second}
+			d := steps[r.IntN(len(steps))]
+			clk.Advance(d)
+			mr.SetTime(clk.Now())
+			mr.FastForward(d)
+		}
+	}
+}
