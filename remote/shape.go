@@ -254,95 +254,25 @@ func (s *shapeState) refresh(now int64) {
 }
 
 // applyShape runs op on a shaped bucket at store time now: the Go twin of
-// shapeLua. A lease takes the same tokens from every part: n if all have
-// them, else the fewest any part has if that covers need, else
-// nothing, with the longest wait for need. Binding is the part that held
-// the fewest tokens, or on a refusal the one with the longest wait.
+// shapeLua. Binding is the part that held the fewest tokens, or on a
+// refusal the one with the longest wait (see shapeState.lease).
 func applyShape(st shapeState, exists bool, op Op, r *Request, ls []shapeLimit, now int64) (shapeState, Result) {
-	stale := false
-	switch {
-	case !exists:
-		st = shapeState{version: r.Version, parts: make([]part, len(ls))}
-		for i, l := range ls {
-			st.parts[i] = freshPart(l, now, 0)
-		}
-	case st.version > r.Version:
-		stale = true
-		st.refresh(now)
-	default:
-		st.refresh(now)
-		if st.version < r.Version || !st.matches(ls) {
-			parts := make([]part, len(ls))
-			for i, l := range ls {
-				if i < len(st.parts) {
-					parts[i] = rescale(st.parts[i], l, now)
-				} else {
-					parts[i] = freshPart(l, now, 0)
-				}
-			}
-			st.parts, st.version = parts, r.Version
-		}
-	}
+	stale := st.bring(exists, r.Version, ls, now)
 	var granted, retry int64
 	binding := 0
+	hold := int64(r.Hold / time.Microsecond)
 	switch op {
 	case OpLease:
-		if stale {
-			break
-		}
-		least := st.parts[0].avail()
-		for i := range st.parts {
-			if a := st.parts[i].avail(); a < least {
-				least, binding = a, i
-			}
-		}
-		switch {
-		case least >= r.N:
-			granted = r.N
-		case least >= r.Need: // no future-dating, so min changes nothing
-			granted = least
-		default:
-			for i := range st.parts {
-				if w := st.parts[i].waitFor(r.Need); w > retry {
-					retry, binding = w, i
-				}
-			}
-		}
-		if granted > 0 {
-			for i := range st.parts {
-				if p := &st.parts[i]; p.window {
-					p.w.counts[p.w.slot(p.w.last+int64(r.Hold/time.Microsecond))] += granted
-				} else {
-					p.g.level -= granted
-				}
-			}
+		if !stale {
+			granted, retry, binding = st.lease(r, hold)
 		}
 	case OpReturn:
 		for i := range st.parts {
-			if p := &st.parts[i]; p.window {
-				if r.Since.IsZero() {
-					continue
-				}
-				if k := p.w.slot(r.Since.UnixMicro() + int64(r.Hold/time.Microsecond)); k >= 0 {
-					p.w.counts[k] = max(p.w.counts[k]-r.N, 0)
-				}
-			} else {
-				p.g.level = min(p.g.level+r.N, p.g.burst)
-				if p.g.level >= p.g.burst {
-					p.g.carry = 0
-				}
-			}
+			st.parts[i].giveBack(r.N, r.Since, hold)
 		}
 	case OpDebit:
 		for i := range st.parts {
-			if p := &st.parts[i]; p.window {
-				// A sub-window holds at most the rate: more only keeps
-				// the window full for a period, which the rate does.
-				k := p.w.slot(p.w.last)
-				p.w.counts[k] = min(p.w.counts[k]+r.N, p.w.rate)
-			} else {
-				p.g.level = max(p.g.level-r.N, -maxDebt)
-			}
+			st.parts[i].charge(r.N)
 		}
 	}
 	remaining, reset := st.parts[0].avail(), int64(0)
@@ -361,6 +291,101 @@ func applyShape(st shapeState, exists bool, op Op, r *Request, ls []shapeLimit, 
 		Created:    !exists,
 		Binding:    binding,
 	}
+}
+
+// bring makes the bucket current for a request of version under ls at
+// now: a new bucket if it did not exist, refilled parts, and parts
+// rescaled to a newer version or other limits. It reports whether the
+// bucket's version is newer than the request's (stale).
+func (s *shapeState) bring(exists bool, version uint64, ls []shapeLimit, now int64) (stale bool) {
+	if !exists {
+		*s = shapeState{version: version, parts: make([]part, len(ls))}
+		for i, l := range ls {
+			s.parts[i] = freshPart(l, now, 0)
+		}
+		return false
+	}
+	s.refresh(now)
+	if s.version > version {
+		return true
+	}
+	if s.version < version || !s.matches(ls) {
+		parts := make([]part, len(ls))
+		for i, l := range ls {
+			if i < len(s.parts) {
+				parts[i] = rescale(s.parts[i], l, now)
+			} else {
+				parts[i] = freshPart(l, now, 0)
+			}
+		}
+		s.parts, s.version = parts, version
+	}
+	return false
+}
+
+// lease takes the same tokens from every part: n if all have them, else
+// the fewest any part has if that covers need (no future-dating, so min
+// changes nothing), else nothing, with the longest wait for need. A
+// window counts the tokens in the sub-window of its time plus hold (µs).
+func (s *shapeState) lease(r *Request, hold int64) (granted, retry int64, binding int) {
+	least := s.parts[0].avail()
+	for i := range s.parts {
+		if a := s.parts[i].avail(); a < least {
+			least, binding = a, i
+		}
+	}
+	switch {
+	case least >= r.N:
+		granted = r.N
+	case least >= r.Need:
+		granted = least
+	default:
+		for i := range s.parts {
+			if w := s.parts[i].waitFor(r.Need); w > retry {
+				retry, binding = w, i
+			}
+		}
+		return 0, retry, binding
+	}
+	for i := range s.parts {
+		if p := &s.parts[i]; p.window {
+			p.w.counts[p.w.slot(p.w.last+hold)] += granted
+		} else {
+			p.g.level -= granted
+		}
+	}
+	return granted, 0, binding
+}
+
+// giveBack returns n unspent tokens: to a bucket up to its burst, to a
+// window from the sub-window of since plus hold (µs), where a lease at
+// since counted them, or nothing without since.
+func (p *part) giveBack(n int64, since time.Time, hold int64) {
+	if !p.window {
+		p.g.level = min(p.g.level+n, p.g.burst)
+		if p.g.level >= p.g.burst {
+			p.g.carry = 0
+		}
+		return
+	}
+	if since.IsZero() {
+		return
+	}
+	if k := p.w.slot(since.UnixMicro() + hold); k >= 0 {
+		p.w.counts[k] = max(p.w.counts[k]-n, 0)
+	}
+}
+
+// charge takes n tokens admitted elsewhere: a bucket may go into debt; a
+// window counts them now, a sub-window holding at most the rate (more only
+// keeps the window full for a period, which the rate does).
+func (p *part) charge(n int64) {
+	if !p.window {
+		p.g.level = max(p.g.level-n, -maxDebt)
+		return
+	}
+	k := p.w.slot(p.w.last)
+	p.w.counts[k] = min(p.w.counts[k]+n, p.w.rate)
 }
 
 func (s *shapeState) matches(ls []shapeLimit) bool {
