@@ -58,7 +58,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, er
 
 // inTier reports whether e is under the tier WithTier names for key now.
 func (l *Limiter) inTier(e *entry, key string) bool {
-	return e.tier == l.policy.load().tierOf(l.cfg.tierOf(key))
+	return e.tier == l.tierIndex(l.policy.load(), key)
 }
 
 // tierIndex returns the index of key's tier under p.

@@ -121,8 +121,12 @@ func windowAsBucket(l Limit) Limit {
 }
 
 // tier returns e's tier.
-func (p *policyState) tier(e *entry) *tierState {
-	if i := int(e.tier); i < len(p.tiers) {
+func (p *policyState) tier(e *entry) *tierState { return p.tierAt(e.tier) }
+
+// tierAt returns the tier of index i, the policy's own for an index the
+// policy does not have.
+func (p *policyState) tierAt(i uint16) *tierState {
+	if int(i) < len(p.tiers) {
 		return &p.tiers[i]
 	}
 	return &p.tiers[0]
@@ -144,10 +148,7 @@ func (p *policyState) request(prefix string, e *entry) remote.Request {
 
 // requestFor is request for key under the tier of index tier.
 func (p *policyState) requestFor(prefix, key string, tier uint16) remote.Request {
-	t := &p.tiers[0]
-	if int(tier) < len(p.tiers) {
-		t = &p.tiers[tier]
-	}
+	t := p.tierAt(tier)
 	r := remote.Request{Prefix: prefix, Policy: p.Name, Tier: t.name, Key: key, Limit: t.limits[0], Version: p.Version,
 		Window: p.Algorithm == SlidingWindow, Hold: p.hold}
 	if len(t.limits) > 1 {
