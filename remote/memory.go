@@ -17,6 +17,8 @@ import (
 type MemoryStore struct {
 	clk      clock.Clock
 	fleet    memFleet
+	pools    memPools
+	regions  memRegions
 	policies memPolicies
 	mu       struct {
 		sync.Mutex

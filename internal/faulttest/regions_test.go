@@ -1,0 +1,234 @@
+package faulttest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/Shopify/toxiproxy/v2"
+	"github.com/Shopify/toxiproxy/v2/collectors"
+	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/leasehold/leasehold/remote"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+)
+
+// globe is three regions, each with its own Redis and limitersPer
+// limiters, leasing from one parent Redis through a toxiproxy link per
+// region that adds latency each way.
+type globe struct {
+	proxies []*toxiproxy.Proxy
+	members []*member
+}
+
+type member struct {
+	region int
+	lim    *hybrid.Limiter
+	store  *remote.Tiered
+}
+
+// decision is one recorded AllowN: when it returned (since the run
+// began), whether it admitted, from where, and how long it took.
+type decision struct {
+	at      time.Duration
+	allowed bool
+	source  hybrid.Source
+	took    time.Duration
+}
+
+const (
+	regionsN    = 3
+	limitersPer = 4
+)
+
+func newGlobe(t *testing.T, policy hybrid.Policy, oneWay time.Duration) *globe {
+	t.Helper()
+	parent := redistest.NewServer(t)
+	tp := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	tp.Metrics.ProxyMetrics = collectors.NewProxyMetricCollectors()
+	g := &globe{}
+	logger := slog.New(slog.DiscardHandler)
+	for r := range regionsN {
+		proxy := toxiproxy.NewProxy(tp, fmt.Sprintf("parent-%d", r), "127.0.0.1:0", parent.Addr)
+		if err := proxy.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(proxy.Stop)
+		for _, stream := range []string{"upstream", "downstream"} {
+			if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(
+				`{"name": "ocean-%s", "type": "latency", "stream": %q, "attributes": {"latency": %d}}`,
+				stream, stream, oneWay.Milliseconds()))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		g.proxies = append(g.proxies, proxy)
+		regional := redistest.NewServer(t)
+		for i := range limitersPer {
+			pc := redis.NewClient(&redis.Options{Addr: proxy.Listen, ContextTimeoutEnabled: true, MaxRetries: -1})
+			rc := regional.Client(t)
+			ts, err := remote.NewTiered(fmt.Sprintf("region-%d", r), remote.NewRedis(rc), remote.NewRedis(pc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lim, err := hybrid.New(ts, policy, hybrid.WithLogger(logger), hybrid.WithSeed(uint64(r*100+i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = lim.Close(context.Background())
+				_ = ts.Close()
+				_ = pc.Close()
+			})
+			g.members = append(g.members, &member{region: r, lim: lim, store: ts})
+		}
+	}
+	return g
+}
+
+// run offers each limiter perLimiter decisions per second, evenly spaced
+// and phased apart, on one key for d, calling at(elapsed) between steps
+// from the first goroutine's clock; it returns every decision by region.
+func (g *globe) run(t *testing.T, key string, perLimiter int, d time.Duration) (start time.Time, out [regionsN][]decision) {
+	t.Helper()
+	ctx := context.Background()
+	interval := time.Second / time.Duration(perLimiter)
+	per := make([][]decision, len(g.members))
+	var wg sync.WaitGroup
+	start = time.Now()
+	for i, m := range g.members {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			next := start.Add(interval * time.Duration(i) / time.Duration(len(g.members)))
+			for {
+				if wait := time.Until(next); wait > 0 {
+					time.Sleep(wait) // pacing the offered load, not waiting for a condition
+				}
+				if time.Since(start) >= d {
+					return
+				}
+				t0 := time.Now()
+				dec, err := m.lim.AllowN(ctx, key, 1)
+				took := time.Since(t0)
+				if err != nil {
+					t.Errorf("AllowN: %v", err)
+					return
+				}
+				per[i] = append(per[i], decision{at: time.Since(start), allowed: dec.Allowed, source: dec.Source, took: took})
+				next = next.Add(interval)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, m := range g.members {
+		out[m.region] = append(out[m.region], per[i]...)
+	}
+	return start, out
+}
+
+// admittedTimes returns the sorted admission times of every region.
+func admittedTimes(all [regionsN][]decision) []time.Duration {
+	var at []time.Duration
+	for _, ds := range all {
+		for _, d := range ds {
+			if d.allowed {
+				at = append(at, d.at)
+			}
+		}
+	}
+	slices.Sort(at)
+	return at
+}
+
+// worstOver returns the most that admissions by any moment exceeded
+// Burst + Rate·t since the run began.
+func worstOver(at []time.Duration, lim hybrid.Limit) float64 {
+	worst := -float64(lim.Burst)
+	for k, t := range at {
+		bound := float64(lim.Burst) + float64(lim.Rate)*float64(t)/float64(lim.Period)
+		worst = max(worst, float64(k+1)-bound)
+	}
+	return worst
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[min(len(ds)-1, int(p*float64(len(ds))))]
+}
+
+func parentCallsByRegion(g *globe) [regionsN]int64 {
+	var calls [regionsN]int64
+	for _, m := range g.members {
+		calls[m.region] += m.store.Stats().ParentCalls
+	}
+	return calls
+}
+
+// TestRegionsShareOneGlobalLimit: three regions, 50 ms each way to the
+// parent, four limiters each at 2× the global rate in all: the world's
+// admissions stay within Burst + Rate·t, use at least 95% of it, each
+// region calls the parent at most 5 times a second, and no decision waits
+// for the parent.
+func TestRegionsShareOneGlobalLimit(t *testing.T) {
+	lim := hybrid.PerSecond(1000)
+	policy := hybrid.Policy{Name: "world", Limit: lim}
+	g := newGlobe(t, policy, 50*time.Millisecond)
+	const d = 20 * time.Second
+	perLimiter := int(2 * lim.Rate / (regionsN * limitersPer))
+	before := parentCallsByRegion(g)
+	start, all := g.run(t, "tenant", perLimiter, d)
+	elapsed := time.Since(start)
+	after := parentCallsByRegion(g)
+
+	at := admittedTimes(all)
+	over := worstOver(at, lim)
+	bound := float64(lim.Burst) + float64(lim.Rate)*elapsed.Seconds()
+	util := float64(len(at)) / bound
+	var leased, every []time.Duration
+	for r, ds := range all {
+		n := 0
+		for _, x := range ds {
+			every = append(every, x.took)
+			if x.allowed {
+				n++
+			}
+			if x.source == hybrid.SourceLease {
+				leased = append(leased, x.took)
+			}
+			if x.source == hybrid.SourceDegraded {
+				t.Errorf("region %d: a degraded decision in healthy mode", r)
+				break
+			}
+		}
+		calls := float64(after[r]-before[r]) / elapsed.Seconds()
+		t.Logf("region %d: %d admitted of %d offered; %.2f parent calls/s", r, n, len(ds), calls)
+		if calls > 5 {
+			t.Errorf("region %d: %.2f parent calls per second, want ≤ 5", r, calls)
+		}
+	}
+	t.Logf("world: %d admitted in %v, bound %.0f: utilization %.1f%%, worst excess over Burst+Rate·t %+.0f",
+		len(at), elapsed.Round(time.Millisecond), bound, 100*util, over)
+	p99, p999, worst := percentile(leased, 0.99), percentile(every, 0.999), slices.Max(every)
+	t.Logf("leased decisions p99 %v; all decisions p99.9 %v, max %v", p99, p999, worst)
+	if over > 0 {
+		t.Errorf("admitted %+.0f over the exact bound", over)
+	}
+	if util < 0.95 {
+		t.Errorf("utilization %.1f%%, want ≥ 95%%", 100*util)
+	}
+	// A round trip to the parent is 100 ms: a decision that waited for
+	// one would show it.
+	if p99 > 5*time.Millisecond || p999 > 50*time.Millisecond {
+		t.Errorf("decisions paid the parent's latency: leased p99 %v, all p99.9 %v", p99, p999)
+	}
+}

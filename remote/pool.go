@@ -1,0 +1,278 @@
+package remote
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A pool is a region's share of a global bucket, kept in the region's own
+// store by a Tiered store: tokens that the parent store granted and no
+// process of the region has leased yet. Unlike a bucket it never refills
+// by itself, so every token a process takes from it was granted by the
+// parent. One record per bucket, under the bucket's hash tag; poolLua
+// keeps it in Redis and applyPool, its Go twin, in a MemoryStore.
+type poolState struct {
+	level int64  // tokens held
+	exp   int64  // µs: GCRA tokens go back to the parent after; window tokens lapse
+	claim int64  // µs until which a refill (or a region beat) is in flight
+	down  int64  // µs when the parent last failed; 0 once it answers again
+	ver   uint64 // the parent bucket's policy version at the last refill
+	rem   int64  // the parent bucket's Remaining at the last refill
+	full  int64  // µs when the parent bucket would be full, as of the last refill
+	used  int64  // tokens taken since the last refill
+	at    int64  // µs of the last refill
+}
+
+// poolOp is one operation on a pool record. Its arguments a..g mean, by
+// op:
+//
+//	take   a n, b need, c hold µs (-1: tokens never lapse), d least low
+//	       water, e claim length µs, f lead µs, g version: unless the pool
+//	       is at a newer version, grant n, else all if at least need; then
+//	       claim the refill if none is in flight and the pool holds less
+//	       than d, or than the demand since the last refill over f
+//	put    a n, b exp, c version, d parent remaining, e parent reset µs:
+//	       deposit a refill from the parent; the parent is up
+//	fail   the parent failed: takes report it until a put
+//	give   a n: tokens a process gave back
+//	drain  take everything if exp has passed (to give back to the parent)
+//	beat   a claim length µs: claim the region beat if none is in flight
+//	weigh  a weight: record the world's weight a beat read
+type poolOp string
+
+const (
+	poolTake  poolOp = "take"
+	poolPut   poolOp = "put"
+	poolFail  poolOp = "fail"
+	poolGive  poolOp = "give"
+	poolDrain poolOp = "drain"
+	poolBeat  poolOp = "beat"
+	poolWeigh poolOp = "weigh"
+)
+
+// poolTTL is how long a pool record outlives its last write. Tokens in a
+// pool that expires are lost to everyone, which errs on the safe side.
+const poolTTL = 10 * time.Minute
+
+// poolReply is the record after an operation, and what it granted.
+type poolReply struct {
+	granted int64
+	claimed bool
+	now     int64 // µs of the region store's clock
+	st      poolState
+}
+
+// applyPool runs op on the record at store time now (µs); it mirrors
+// poolLua step for step.
+func applyPool(st poolState, op poolOp, a [7]int64, now int64) (poolState, poolReply) {
+	var granted int64
+	claimed := false
+	switch op {
+	case poolTake:
+		if a[2] >= 0 && now+a[2] > st.exp {
+			st.level = 0 // window tokens that could be spent too late
+		}
+		switch {
+		case uint64(a[6]) < st.ver:
+		case st.level >= a[0]:
+			granted = a[0]
+		case st.level >= max(a[1], 1):
+			granted = st.level
+		}
+		st.level -= granted
+		if granted > 0 {
+			st.used += granted
+		} else {
+			st.used += a[0] // demand the pool could not meet
+		}
+		low := a[3]
+		if st.at > 0 && now > st.at {
+			low = max(low, cdiv(st.used*a[5], now-st.at))
+		}
+		if st.level < low && now >= st.claim {
+			st.claim, claimed = now+a[4], true
+		}
+	case poolPut:
+		switch {
+		case a[4] >= 0, st.level <= 0, st.exp <= now:
+			st.exp = a[1]
+		case a[1] < st.exp:
+			st.exp = a[1] // window tokens: the pool lapses with its oldest
+		}
+		st.level += a[0]
+		st.down = 0
+		st.ver = max(st.ver, uint64(a[2]))
+		st.rem = a[3]
+		st.full = now + max(a[4], 0)
+		st.used, st.at = 0, now
+	case poolFail:
+		st.down = now
+	case poolGive:
+		st.level += a[0]
+	case poolDrain:
+		if st.exp > 0 && now >= st.exp {
+			granted, st.level = st.level, 0
+		}
+	case poolBeat:
+		if now >= st.claim {
+			st.claim, claimed = now+a[0], true
+		}
+	case poolWeigh:
+		st.level = a[0]
+	}
+	return st, poolReply{granted: granted, claimed: claimed, now: now, st: st}
+}
+
+// poolLua is applyPool in Redis. KEYS[1] the pool key; ARGV[1] op,
+// ARGV[2..8] a..g, ARGV[9] the key's TTL in ms. State, a string:
+// "Q level exp claim down ver rem full used at". Reply: {granted, claimed,
+// now, level, exp, claim, down, ver, rem, full, used, at}.
+//
+// put's e is the parent's reset µs for a bucket pool and -1 for a window
+// pool, whose tokens lapse with the oldest deposit still held.
+var poolLua = luaPrelude + `
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) == 'table' and raw.err then
+  return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local s = {level = 0, exp = 0, claim = 0, down = 0, ver = 0, rem = 0, full = 0, used = 0, at = 0}
+if raw then
+  local f = {}
+  for v in string.gmatch(raw, '%S+') do f[#f + 1] = v end
+  if #f ~= 10 or f[1] ~= 'Q' then
+    return redis.error_reply('LEASEHOLD_CORRUPT pool state')
+  end
+  local names = {'level', 'exp', 'claim', 'down', 'ver', 'rem', 'full', 'used', 'at'}
+  for i, name in ipairs(names) do
+    local v = tonumber(f[i + 1])
+    if not v or v ~= math.floor(v) then
+      return redis.error_reply('LEASEHOLD_CORRUPT pool state')
+    end
+    s[name] = v
+  end
+end
+local op = ARGV[1]
+local a, b, c, d, e = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local f, g = tonumber(ARGV[7]), tonumber(ARGV[8])
+local granted, claimed = 0, 0
+if op == 'take' then
+  if c >= 0 and now + c > s.exp then s.level = 0 end
+  local need = b
+  if need < 1 then need = 1 end
+  if g < s.ver then
+  elseif s.level >= a then granted = a
+  elseif s.level >= need then granted = s.level end
+  s.level = s.level - granted
+  if granted > 0 then s.used = s.used + granted else s.used = s.used + a end
+  local low = d
+  if s.at > 0 and now > s.at then
+    local q = cdiv(s.used * f, now - s.at)
+    if q > low then low = q end
+  end
+  if s.level < low and now >= s.claim then s.claim = now + e; claimed = 1 end
+elseif op == 'put' then
+  if e >= 0 or s.level <= 0 or s.exp <= now then
+    s.exp = b
+  elseif b < s.exp then
+    s.exp = b
+  end
+  s.level = s.level + a
+  s.down = 0
+  if c > s.ver then s.ver = c end
+  s.rem = d
+  if e < 0 then e = 0 end
+  s.full = now + e
+  s.used = 0
+  s.at = now
+elseif op == 'fail' then
+  s.down = now
+elseif op == 'give' then
+  s.level = s.level + a
+elseif op == 'drain' then
+  if s.exp > 0 and now >= s.exp then granted = s.level; s.level = 0 end
+elseif op == 'beat' then
+  if now >= s.claim then s.claim = now + a; claimed = 1 end
+elseif op == 'weigh' then
+  s.level = a
+else
+  return redis.error_reply('ERR leasehold pool: unknown op ' .. tostring(op))
+end
+redis.call('SET', KEYS[1], string.format('Q %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f',
+  s.level, s.exp, s.claim, s.down, s.ver, s.rem, s.full, s.used, s.at), 'PX', ARGV[9])
+return {granted, claimed, now, s.level, s.exp, s.claim, s.down, s.ver, s.rem, s.full, s.used, s.at}
+`
+
+var poolScript = redis.NewScript(poolLua)
+
+// PoolKey returns the key of a region's pool for a bucket: the bucket's
+// key (TierBucketKey) with "pool:" after the prefix, in the bucket's slot.
+func PoolKey(prefix, policy, tier, key string) string {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return prefix + "pool:" + strings.TrimPrefix(TierBucketKey(prefix, policy, tier, key), prefix)
+}
+
+// RegionKey returns the key where a region keeps the world's weight (the
+// live limiters of every region) and its beat claim.
+func RegionKey(prefix, policy string) string { return internalKey(prefix, policy, "region") }
+
+// pooler is implemented by the stores that can hold a region's pools.
+type pooler interface {
+	pool(ctx context.Context, key string, op poolOp, a [7]int64) (poolReply, error)
+}
+
+var (
+	_ pooler = (*RedisStore)(nil)
+	_ pooler = (*MemoryStore)(nil)
+)
+
+func (s *RedisStore) pool(ctx context.Context, key string, op poolOp, a [7]int64) (poolReply, error) {
+	v, err := poolScript.Run(ctx, s.c, []string{key}, string(op), a[0], a[1], a[2], a[3], a[4], a[5], a[6], poolTTL.Milliseconds()).Int64Slice()
+	if err != nil {
+		return poolReply{}, s.failed(key, err)
+	}
+	if len(v) != 12 {
+		return poolReply{}, fmt.Errorf("remote: pool %q: %w: reply of %d fields", key, ErrCorruptState, len(v))
+	}
+	return poolReply{granted: v[0], claimed: v[1] == 1, now: v[2], st: poolState{
+		level: v[3], exp: v[4], claim: v[5], down: v[6], ver: uint64(v[7]), rem: v[8], full: v[9], used: v[10], at: v[11],
+	}}, nil
+}
+
+type memPools struct {
+	mu    sync.Mutex
+	pools map[string]memPool
+}
+
+type memPool struct {
+	st       poolState
+	deadline int64 // µs
+}
+
+func (s *MemoryStore) pool(ctx context.Context, key string, op poolOp, a [7]int64) (poolReply, error) {
+	if err := ctx.Err(); err != nil {
+		return poolReply{}, err
+	}
+	now := s.clk.Now().UnixMicro()
+	p := &s.pools
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pools == nil {
+		p.pools = map[string]memPool{}
+	}
+	cur, ok := p.pools[key]
+	if !ok || now >= cur.deadline {
+		cur = memPool{}
+	}
+	st, rep := applyPool(cur.st, op, a, now)
+	p.pools[key] = memPool{st: st, deadline: now + poolTTL.Microseconds()}
+	return rep, nil
+}

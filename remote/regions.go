@@ -1,0 +1,120 @@
+package remote
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Regions is implemented by stores that serve as a parent to Tiered
+// stores: each region reports its weight (its live limiters) every beat,
+// and learns the weight of the world, so that a region cut off from the
+// parent knows its share. Both stores implement it, and so does Tiered,
+// so that tiers can nest.
+type Regions interface {
+	// Weigh records region's weight until expiry and returns the sum of
+	// the weights of every region heard from within its expiry.
+	Weigh(ctx context.Context, prefix, policy, region string, weight int64, expiry time.Duration) (int64, error)
+}
+
+var (
+	_ Regions = (*RedisStore)(nil)
+	_ Regions = (*MemoryStore)(nil)
+)
+
+// WorldKey returns the key of the hash of region weights of a policy.
+func WorldKey(prefix, policy string) string { return internalKey(prefix, policy, "world") }
+
+// weighLua keeps a hash of region -> "weight deadline_ms" by Redis TIME.
+// KEYS[1] the world key; ARGV[1] region; ARGV[2] weight; ARGV[3] expiry ms.
+// Reply: the sum of the live weights.
+var weighLua = `
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = tonumber(ARGV[3])
+local kind = redis.pcall('TYPE', KEYS[1])
+if type(kind) == 'table' and kind.err then return redis.error_reply('LEASEHOLD_CORRUPT ' .. kind.err) end
+if kind.ok ~= 'hash' and kind.ok ~= 'none' then
+  return redis.error_reply('LEASEHOLD_CORRUPT world key is a ' .. kind.ok)
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. (now + expiry))
+local all = redis.call('HGETALL', KEYS[1])
+local sum = 0
+for i = 1, #all, 2 do
+  local w, deadline = string.match(all[i + 1], '^(%d+) (%d+)$')
+  if not w or tonumber(deadline) <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    sum = sum + tonumber(w)
+  end
+end
+redis.call('PEXPIRE', KEYS[1], 2 * expiry)
+return sum
+`
+
+var weighScript = redis.NewScript(weighLua)
+
+func validateWeigh(prefix, policy, region string, weight int64, expiry time.Duration) error {
+	if err := validateFleet(prefix, policy, region, expiry); err != nil {
+		return err
+	}
+	if weight < 0 || weight > 1<<40 {
+		return fmt.Errorf("remote: region weight %d out of range", weight)
+	}
+	return nil
+}
+
+// Weigh implements Regions.
+func (s *RedisStore) Weigh(ctx context.Context, prefix, policy, region string, weight int64, expiry time.Duration) (int64, error) {
+	if err := validateWeigh(prefix, policy, region, weight, expiry); err != nil {
+		return 0, err
+	}
+	key := WorldKey(prefix, policy)
+	n, err := weighScript.Run(ctx, s.c, []string{key}, region, weight, expiry.Milliseconds()).Int64()
+	if err != nil {
+		return 0, s.failed(key, err)
+	}
+	return n, nil
+}
+
+type memRegions struct {
+	mu     sync.Mutex
+	worlds map[string]map[string][2]int64 // world key -> region -> weight, deadline µs
+}
+
+// Weigh implements Regions.
+func (s *MemoryStore) Weigh(ctx context.Context, prefix, policy, region string, weight int64, expiry time.Duration) (int64, error) {
+	if err := validateWeigh(prefix, policy, region, weight, expiry); err != nil {
+		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	now := s.clk.Now().UnixMicro()
+	key := WorldKey(prefix, policy)
+	w := &s.regions
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.worlds == nil {
+		w.worlds = map[string]map[string][2]int64{}
+	}
+	m := w.worlds[key]
+	if m == nil {
+		m = map[string][2]int64{}
+		w.worlds[key] = m
+	}
+	m[region] = [2]int64{weight, now + expiry.Microseconds()}
+	var sum int64
+	for k, v := range m {
+		if v[1] <= now {
+			delete(m, k)
+			continue
+		}
+		sum += v[0]
+	}
+	return sum, nil
+}
