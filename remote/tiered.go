@@ -400,7 +400,7 @@ func (t *Tiered) Return(ctx context.Context, r Request) (Result, error) {
 	}
 	return Result{Remaining: max(rep.st.level+rep.st.rem, 0), Now: time.UnixMicro(rep.now),
 		ResetAfter: time.Duration(max(rep.st.full-rep.now, 0)) * time.Microsecond,
-		Version: max(rep.st.ver, r.Version)}, nil
+		Version:    max(rep.st.ver, r.Version)}, nil
 }
 
 // Debit implements Store: tokens admitted without a lease (in an outage)
