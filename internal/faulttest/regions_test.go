@@ -92,16 +92,30 @@ func newGlobe(t *testing.T, policy hybrid.Policy, oneWay time.Duration) *globe {
 	return g
 }
 
+// event is something done to the world at a time into a run.
+type event struct {
+	at time.Duration
+	do func()
+}
+
 // run offers each limiter perLimiter decisions per second, evenly spaced
-// and phased apart, on one key for d, calling at(elapsed) between steps
-// from the first goroutine's clock; it returns every decision by region.
-func (g *globe) run(t *testing.T, key string, perLimiter int, d time.Duration) (start time.Time, out [regionsN][]decision) {
+// and phased apart, on one key for d, doing the events at their times;
+// it returns every decision by region.
+func (g *globe) run(t *testing.T, key string, perLimiter int, d time.Duration, events ...event) (start time.Time, out [regionsN][]decision) {
 	t.Helper()
 	ctx := context.Background()
 	interval := time.Second / time.Duration(perLimiter)
 	per := make([][]decision, len(g.members))
 	var wg sync.WaitGroup
 	start = time.Now()
+	for _, e := range events {
+		wg.Add(1)
+		tm := time.AfterFunc(e.at, func() {
+			defer wg.Done()
+			e.do()
+		})
+		defer tm.Stop()
+	}
 	for i, m := range g.members {
 		wg.Add(1)
 		go func() {
@@ -230,5 +244,62 @@ func TestRegionsShareOneGlobalLimit(t *testing.T) {
 	// one would show it.
 	if p99 > 5*time.Millisecond || p999 > 50*time.Millisecond {
 		t.Errorf("decisions paid the parent's latency: leased p99 %v, all p99.9 %v", p99, p999)
+	}
+}
+
+// TestRegionsThroughParentCut: every region's link to the parent is cut
+// for 10 s under 2× demand. Each region goes on at its share of the limit
+// (its live limiters of the world's, 4 of 12), within ±10%; once the link
+// is back, the outage's admissions are charged to the parent, and over the
+// whole run the world admits at most one Burst over Burst + Rate·t.
+func TestRegionsThroughParentCut(t *testing.T) {
+	lim := hybrid.PerSecond(1000)
+	policy := hybrid.Policy{Name: "world-cut", Limit: lim}
+	g := newGlobe(t, policy, 50*time.Millisecond)
+	const (
+		cutAt  = 8 * time.Second
+		cutFor = 10 * time.Second
+		d      = 34 * time.Second
+	)
+	perLimiter := int(2 * lim.Rate / (regionsN * limitersPer))
+	cut := func(on bool) func() {
+		return func() {
+			for _, p := range g.proxies {
+				if on {
+					p.Stop()
+				} else if err := p.Start(); err != nil {
+					t.Errorf("link back: %v", err)
+				}
+			}
+		}
+	}
+	_, all := g.run(t, "tenant", perLimiter, d, event{cutAt, cut(true)}, event{cutAt + cutFor, cut(false)})
+
+	share := float64(lim.Rate) * cutFor.Seconds() * limitersPer / (regionsN * limitersPer)
+	for r, ds := range all {
+		n, degraded := 0, 0
+		for _, x := range ds {
+			if x.allowed && x.at >= cutAt && x.at < cutAt+cutFor {
+				n++
+				if x.source == hybrid.SourceDegraded {
+					degraded++
+				}
+			}
+		}
+		t.Logf("region %d: %d admitted during the cut (%d degraded), share %.0f: %+.1f%%", r, n, degraded, share, 100*(float64(n)/share-1))
+		if float64(n) < 0.9*share || float64(n) > 1.1*share {
+			t.Errorf("region %d admitted %d during the cut, want %.0f ± 10%%", r, n, share)
+		}
+	}
+	at := admittedTimes(all)
+	over := worstOver(at, lim)
+	t.Logf("world: %d admitted in %v; worst excess over Burst+Rate·t %+.0f (Burst %d)", len(at), d, over, lim.Burst)
+	if over > float64(lim.Burst) {
+		t.Errorf("admitted %+.0f over the exact bound, want at most one Burst (%d)", over, lim.Burst)
+	}
+	for _, m := range g.members {
+		if m.lim.Mode() != hybrid.ModeHealthy {
+			t.Errorf("region %d limiter still %v at the end", m.region, m.lim.Mode())
+		}
 	}
 }
