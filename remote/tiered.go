@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -245,7 +246,12 @@ func (t *Tiered) Lease(ctx context.Context, r Request) (Result, error) {
 		return Result{}, err
 	}
 	key := PoolKey(r.Prefix, r.Policy, r.Tier, r.Key)
-	args := [7]int64{r.N, max(r.Need, 1), -1, 1, t.cfg.gap.Microseconds(), t.cfg.lead.Microseconds(), int64(r.Version)}
+	// The gap is jittered by ±25%: regions that found the parent empty
+	// would otherwise keep the same order, and the one right after a
+	// refill of the parent would keep getting the most.
+	gap := t.cfg.gap.Microseconds()
+	gap += rand.Int64N(gap/2+1) - gap/4
+	args := [7]int64{r.N, max(r.Need, 1), -1, 1, gap, t.cfg.lead.Microseconds(), int64(r.Version)}
 	if _, ok := windowHold(&r); ok {
 		// Window tokens lapse; a lease is refilled when dry, not before.
 		args[2], args[5] = r.Hold.Microseconds(), 0

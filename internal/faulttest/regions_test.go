@@ -209,6 +209,7 @@ func TestRegionsShareOneGlobalLimit(t *testing.T) {
 	bound := float64(lim.Burst) + float64(lim.Rate)*elapsed.Seconds()
 	util := float64(len(at)) / bound
 	var leased, every []time.Duration
+	var byRegion [regionsN]int
 	for r, ds := range all {
 		n := 0
 		for _, x := range ds {
@@ -224,6 +225,7 @@ func TestRegionsShareOneGlobalLimit(t *testing.T) {
 				break
 			}
 		}
+		byRegion[r] = n
 		calls := float64(after[r]-before[r]) / elapsed.Seconds()
 		t.Logf("region %d: %d admitted of %d offered; %.2f parent calls/s", r, n, len(ds), calls)
 		if calls > 5 {
@@ -236,6 +238,12 @@ func TestRegionsShareOneGlobalLimit(t *testing.T) {
 	t.Logf("leased decisions p99 %v; all decisions p99.9 %v, max %v", p99, p999, worst)
 	if over > 0 {
 		t.Errorf("admitted %+.0f over the exact bound", over)
+	}
+	// Same demand everywhere: no region hoards the parent's tokens.
+	for r, n := range byRegion {
+		if fair := float64(len(at)) / regionsN; float64(n) < 0.75*fair {
+			t.Errorf("region %d admitted %d, under 75%% of an even split (%.0f)", r, n, fair)
+		}
 	}
 	if util < 0.95 {
 		t.Errorf("utilization %.1f%%, want ≥ 95%%", 100*util)
@@ -301,5 +309,75 @@ func TestRegionsThroughParentCut(t *testing.T) {
 		if m.lim.Mode() != hybrid.ModeHealthy {
 			t.Errorf("region %d limiter still %v at the end", m.region, m.lim.Mode())
 		}
+	}
+}
+
+// TestRegionsPolicyChange: a policy change made by a limiter of one region
+// reaches every limiter of every region within one poll interval plus one
+// lease TTL (1 s each by default), and the world then admits at the new
+// rate.
+func TestRegionsPolicyChange(t *testing.T) {
+	lim := hybrid.PerSecond(1000)
+	policy := hybrid.Policy{Name: "world-policy", Limit: lim}
+	g := newGlobe(t, policy, 50*time.Millisecond)
+	const changeAt, d = 4 * time.Second, 10 * time.Second
+	next := policy
+	next.Version, next.Limit = 2, hybrid.PerSecond(300)
+	var (
+		mu      sync.Mutex
+		adopted = make([]time.Duration, len(g.members))
+	)
+	watch := func() {
+		ctx := context.Background()
+		if err := g.members[0].lim.SetPolicy(ctx, next); err != nil {
+			t.Errorf("SetPolicy: %v", err)
+			return
+		}
+		changed := time.Now()
+		deadline := changed.Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			done := true
+			mu.Lock()
+			for i, m := range g.members {
+				if adopted[i] == 0 && m.lim.Policy().Version == 2 {
+					adopted[i] = max(time.Since(changed), 1) // 0 means not yet
+				}
+				done = done && adopted[i] != 0
+			}
+			mu.Unlock()
+			if done {
+				return
+			}
+			time.Sleep(time.Millisecond) // polling with a deadline
+		}
+	}
+	perLimiter := int(2 * lim.Rate / (regionsN * limitersPer))
+	_, all := g.run(t, "tenant", perLimiter, d, event{changeAt, watch})
+	mu.Lock()
+	defer mu.Unlock()
+	for i, m := range g.members {
+		t.Logf("region %d limiter %d on version 2 after %v", m.region, i%limitersPer, adopted[i].Round(time.Millisecond))
+		if adopted[i] == 0 || adopted[i] > 2*time.Second {
+			t.Errorf("region %d limiter %d: version 2 after %v, want within 2 s", m.region, i%limitersPer, adopted[i])
+		}
+	}
+	// From one lease TTL after the change to the end: the new rate, plus
+	// what the parent's bucket held (at most its new Burst).
+	from := changeAt + time.Second
+	n := 0
+	for _, ds := range all {
+		for _, x := range ds {
+			if x.allowed && x.at >= from {
+				n++
+			}
+		}
+	}
+	bound := float64(next.Limit.Burst) + float64(next.Limit.Rate)*(d-from).Seconds()
+	t.Logf("admitted %d from %v to %v, bound %.0f at the new rate", n, from, d, bound)
+	if float64(n) > bound {
+		t.Errorf("admitted %d after the change, over the new bound %.0f", n, bound)
+	}
+	if float64(n) < 0.8*float64(next.Limit.Rate)*(d-from).Seconds() {
+		t.Errorf("admitted %d after the change, well under the new rate", n)
 	}
 }

@@ -1,0 +1,479 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/local"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+// TestPoolTwinsAgree runs random sequences of pool operations through
+// poolLua (on miniredis) and applyPool (MemoryStore) at the same times:
+// every reply must be equal.
+func TestPoolTwinsAgree(t *testing.T) {
+	mr := miniredis.RunT(t)
+	start := time.Unix(1_700_000_000, 123_456_000)
+	clk := clock.NewManual(start)
+	mr.SetTime(start)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	lua, mem := NewRedis(c), NewMemory(clk)
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(7, 7))
+	ops := []poolOp{poolTake, poolTake, poolTake, poolPut, poolPut, poolFail, poolGive, poolDrain, poolBeat, poolWeigh}
+	for seq := range 100 {
+		key := fmt.Sprintf("pool-%d", seq)
+		ver := int64(1)
+		for step := range 40 {
+			op := ops[r.IntN(len(ops))]
+			now := clk.Now().UnixMicro()
+			var a [7]int64
+			switch op {
+			case poolTake:
+				hold := int64(-1)
+				if r.IntN(3) == 0 {
+					hold = r.Int64N(200_000)
+				}
+				a = [7]int64{1 + r.Int64N(50), r.Int64N(5), hold, 1 + r.Int64N(20), 1 + r.Int64N(500_000), r.Int64N(500_000), ver - r.Int64N(2)}
+			case poolPut:
+				if r.IntN(6) == 0 {
+					ver++
+				}
+				reset := r.Int64N(2_000_000)
+				if r.IntN(3) == 0 {
+					reset = -1
+				}
+				a = [7]int64{r.Int64N(100), now + r.Int64N(3_000_000) - 500_000, ver, r.Int64N(1000), reset}
+			case poolGive, poolWeigh:
+				a[0] = r.Int64N(30)
+			case poolBeat:
+				a[0] = 1 + r.Int64N(2_000_000)
+			}
+			got, err1 := lua.pool(ctx, key, op, a)
+			want, err2 := mem.pool(ctx, key, op, a)
+			if err1 != nil || err2 != nil {
+				t.Fatalf("seq %d step %d %s %v: errors %v / %v", seq, step, op, a, err1, err2)
+			}
+			if got != want {
+				t.Fatalf("seq %d step %d %s %v:\nlua %+v\n go %+v", seq, step, op, a, got, want)
+			}
+			d := time.Duration(r.Int64N(int64(700 * time.Millisecond)))
+			clk.Advance(d)
+			mr.SetTime(clk.Now())
+			mr.FastForward(d)
+		}
+	}
+}
+
+// cuttable is a parent that fails every call while cut.
+type cuttable struct {
+	Parent
+	cut   atomic.Bool
+	calls atomic.Int64
+}
+
+var errCut = fmt.Errorf("parent cut: %w: %w", ErrUnavailable, ErrUnreachable)
+
+func (c *cuttable) Lease(ctx context.Context, r Request) (Result, error) {
+	c.calls.Add(1)
+	if c.cut.Load() {
+		return Result{}, errCut
+	}
+	return c.Parent.Lease(ctx, r)
+}
+
+func (c *cuttable) Return(ctx context.Context, r Request) (Result, error) {
+	if c.cut.Load() {
+		return Result{}, errCut
+	}
+	return c.Parent.Return(ctx, r)
+}
+
+func (c *cuttable) Debit(ctx context.Context, r Request) (Result, error) {
+	if c.cut.Load() {
+		return Result{}, errCut
+	}
+	return c.Parent.Debit(ctx, r)
+}
+
+func (c *cuttable) Weigh(ctx context.Context, prefix, policy, region string, weight int64, expiry time.Duration) (int64, error) {
+	if c.cut.Load() {
+		return 0, errCut
+	}
+	return c.Parent.Weigh(ctx, prefix, policy, region, weight, expiry)
+}
+
+// tierWorld is one parent and regions on MemoryStores over one manual
+// clock.
+type tierWorld struct {
+	clk    *clock.Manual
+	parent *MemoryStore
+	link   *cuttable
+}
+
+func newTierWorld(t *testing.T) *tierWorld {
+	t.Helper()
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	parent := NewMemory(clk)
+	return &tierWorld{clk: clk, parent: parent, link: &cuttable{Parent: parent}}
+}
+
+// region returns a Tiered store of a new region store, closed (and
+// checked for goroutines left behind) when the test ends.
+func (w *tierWorld) region(t *testing.T, name string, local *MemoryStore) *Tiered {
+	t.Helper()
+	if local == nil {
+		local = NewMemory(w.clk)
+	}
+	ts, err := NewTiered(name, local, w.link, WithTieredClock(w.clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ts.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return ts
+}
+
+// eventually polls cond until it holds, failing the test after 5 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 5 s", what)
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
+}
+
+var tierLimit = local.Limit{Rate: 100, Period: time.Second, Burst: 100}
+
+func tierReq(n int64) Request {
+	return Request{Policy: "p", Key: "k", Limit: tierLimit, Version: 1, N: n, Min: 1, Need: 1}
+}
+
+// parentLevel is the parent bucket's level now.
+func (w *tierWorld) parentLevel(t *testing.T) int64 {
+	t.Helper()
+	w.parent.mu.Lock()
+	defer w.parent.mu.Unlock()
+	b, ok := w.parent.mu.buckets[BucketKey("", "p", "k")]
+	if !ok {
+		t.Fatal("no parent bucket")
+	}
+	b.st.refill(w.clk.Now().UnixMicro())
+	return b.st.level
+}
+
+func TestTieredLeasesOnlyWhatTheParentGranted(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := newTierWorld(t)
+	regionStore := NewMemory(w.clk)
+	a, b := w.region(t, "eu", regionStore), w.region(t, "eu", regionStore)
+	ctx := context.Background()
+
+	res, err := a.Lease(ctx, tierReq(10))
+	if err != nil || res.Granted != 0 || res.RetryAfter <= 0 || res.RetryAfter > 375*time.Millisecond {
+		t.Fatalf("first lease on an empty pool = %+v, %v; want a refusal with a short RetryAfter", res, err)
+	}
+	// The other process of the region finds the refill claimed (or, if
+	// it came back already, takes from it).
+	res, err = b.Lease(ctx, tierReq(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := res.Granted
+	eventually(t, "refill", func() bool { return a.Stats().Refills == 1 })
+	if got := w.link.calls.Load(); got != 1 {
+		t.Fatalf("%d parent leases for one region's first demand, want 1", got)
+	}
+	// No demand seen yet: a quarter of the cap (Burst/2), at least n.
+	if lvl := w.parentLevel(t); lvl != 100-12 {
+		t.Fatalf("parent level %d after the first batch, want 88", lvl)
+	}
+	for range 3 {
+		res, err := b.Lease(ctx, tierReq(5))
+		if err != nil {
+			t.Fatal(err)
+		}
+		granted += res.Granted
+	}
+	if granted != 12 {
+		t.Fatalf("the region granted %d from a batch of 12", granted)
+	}
+	// Dry again: the refill waits for the gap, whoever asks.
+	if res, _ := a.Lease(ctx, tierReq(5)); res.Granted != 0 {
+		t.Fatalf("dry pool granted %d", res.Granted)
+	}
+	if w.link.calls.Load() != 1 {
+		t.Fatal("a refill within the gap")
+	}
+	w.clk.Advance(400 * time.Millisecond)
+	if res, _ := a.Lease(ctx, tierReq(5)); res.Granted != 0 {
+		t.Fatalf("dry pool granted %d", res.Granted)
+	}
+	eventually(t, "second refill", func() bool { return a.Stats().Refills+b.Stats().Refills == 2 })
+	// The parent refilled to its Burst meanwhile; the batch is the demand
+	// since the first refill (12 granted and 2×5 refused in 400 ms) over
+	// the 500 ms horizon: 27.
+	if lvl := w.parentLevel(t); lvl != 100-27 {
+		t.Fatalf("parent level %d, want %d", lvl, 100-27)
+	}
+}
+
+func TestTieredGivesIdlePoolsBack(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := newTierWorld(t)
+	ts := w.region(t, "us", nil)
+	ctx := context.Background()
+	_, _ = ts.Lease(ctx, tierReq(1))
+	eventually(t, "refill", func() bool { return ts.Stats().Refills == 1 })
+	if res, _ := ts.Lease(ctx, tierReq(2)); res.Granted != 2 {
+		t.Fatalf("granted %d", res.Granted)
+	}
+	before := w.parentLevel(t)
+	w.clk.Advance(2*time.Second + 2*time.Millisecond) // the pool TTL
+	eventually(t, "give back", func() bool { return ts.Stats().GivenBack == 10 })
+	// 100 tokens/s refilled the parent meanwhile (capped at Burst), then
+	// the pool's 10 came back.
+	if lvl := w.parentLevel(t); lvl != min(before+200, 100) {
+		t.Fatalf("parent level %d after the give-back", lvl)
+	}
+}
+
+func TestTieredParentCut(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := newTierWorld(t)
+	ts := w.region(t, "ap", nil)
+	ctx := context.Background()
+	_, _ = ts.Lease(ctx, tierReq(1))
+	eventually(t, "refill", func() bool { return ts.Stats().Refills == 1 })
+	w.link.cut.Store(true)
+	w.clk.Advance(400 * time.Millisecond) // past the refill gap
+	// The pool still serves what it holds (12), without the parent.
+	res, err := ts.Lease(ctx, tierReq(12))
+	if err != nil || res.Granted != 12 {
+		t.Fatalf("lease from the pool while cut = %+v, %v", res, err)
+	}
+	eventually(t, "failed refill", func() bool { return ts.Stats().Failures == 1 })
+	_, err = ts.Lease(ctx, tierReq(1))
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrUnreachable) {
+		t.Fatalf("dry pool, parent cut: err %v; want ErrUnavailable and ErrUnreachable", err)
+	}
+	// Debits go to the parent: they fail while it is away.
+	if _, err := ts.Debit(ctx, tierReq(3)); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("debit while cut: %v", err)
+	}
+	w.link.cut.Store(false)
+	// Still failing until a refill gets through (the next claim, one gap on).
+	if _, err := ts.Lease(ctx, tierReq(1)); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("before the next refill: %v", err)
+	}
+	w.clk.Advance(400 * time.Millisecond)
+	_, _ = ts.Lease(ctx, tierReq(1))
+	eventually(t, "refill after the cut", func() bool { return ts.Stats().Refills == 2 })
+	if res, err := ts.Lease(ctx, tierReq(1)); err != nil || res.Granted != 1 {
+		t.Fatalf("after the cut = %+v, %v", res, err)
+	}
+	before := w.parentLevel(t)
+	if _, err := ts.Debit(ctx, tierReq(30)); err != nil {
+		t.Fatal(err)
+	}
+	if lvl := w.parentLevel(t); lvl != before-30 {
+		t.Fatalf("debit of 30 took the parent from %d to %d", before, lvl)
+	}
+}
+
+func TestTieredPolicyAndStaleVersions(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := newTierWorld(t)
+	euStore, usStore := NewMemory(w.clk), NewMemory(w.clk)
+	eu, us := w.region(t, "eu", euStore), w.region(t, "us", usStore)
+	ctx := context.Background()
+	changed := make(chan struct{}, 1)
+	stop, err := us.WatchPolicy(ctx, "", "p", func() { changed <- struct{}{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+
+	v2 := PolicyRecord{Version: 2, Limit: local.Limit{Rate: 50, Period: time.Second, Burst: 50}}
+	if _, stored, err := eu.SetPolicy(ctx, "", "p", v2); err != nil || !stored {
+		t.Fatalf("SetPolicy in eu: %v %v", stored, err)
+	}
+	<-changed
+	for name, s := range map[string]*Tiered{"eu": eu, "us": us} {
+		rec, ok, err := s.GetPolicy(ctx, "", "p")
+		if err != nil || !ok || rec.Version != 2 {
+			t.Fatalf("%s reads %+v %v %v after a change made in eu", name, rec, ok, err)
+		}
+	}
+	// eu's limiters lease at version 2, which the parent's bucket takes
+	// on; one still on version 1 in us learns of 2 from its pool once a
+	// refill met it at the parent.
+	req := tierReq(1)
+	v2req := req
+	v2req.Version, v2req.Limit = 2, v2.Limit
+	_, _ = eu.Lease(ctx, v2req)
+	eventually(t, "eu refill", func() bool { return eu.Stats().Refills == 1 })
+	_, _ = us.Lease(ctx, req)
+	eventually(t, "us refill", func() bool { return us.Stats().ParentCalls >= 2 })
+	res, err := us.Lease(ctx, req)
+	if err != nil || !res.Stale || res.Version != 2 || res.Granted != 0 {
+		t.Fatalf("lease at version 1 = %+v, %v; want Stale at version 2", res, err)
+	}
+	w.clk.Advance(400 * time.Millisecond)
+	_, _ = us.Lease(ctx, v2req)
+	eventually(t, "us refill at version 2", func() bool { return us.Stats().Refills == 1 })
+	if res, err := us.Lease(ctx, v2req); err != nil || res.Granted != 1 {
+		t.Fatalf("lease at version 2 = %+v, %v", res, err)
+	}
+}
+
+func TestTieredWorldWeight(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := newTierWorld(t)
+	eu, us := w.region(t, "eu", nil), w.region(t, "us", nil)
+	ctx := context.Background()
+	beat := func(s *Tiered, members ...string) int {
+		n := 0
+		for _, m := range members {
+			var err error
+			if n, err = s.Heartbeat(ctx, "", "p", m, 3*time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return n
+	}
+	// Before any beat came back a region counts its own limiters.
+	if n := beat(eu, "a", "b"); n != 2 {
+		t.Fatalf("eu alone: %d, want its own 2", n)
+	}
+	eventually(t, "eu's first beat", func() bool { return eu.Stats().ParentCalls == 2 })
+	// A beat reports the count of the heartbeat that claimed it and reads
+	// what the others reported before: three rounds of beats carry every
+	// region's full count everywhere.
+	for round := range 3 {
+		w.clk.Advance(2 * time.Second)
+		calls := eu.Stats().ParentCalls + us.Stats().ParentCalls
+		beat(eu, "a", "b")
+		beat(us, "c", "d", "e")
+		eventually(t, fmt.Sprintf("beats of round %d", round), func() bool {
+			return eu.Stats().ParentCalls+us.Stats().ParentCalls >= calls+4 // weigh and policy read, each
+		})
+	}
+	if n, m := beat(eu, "a"), beat(us, "c"); n != 5 || m != 5 {
+		t.Fatalf("world weight: eu %d, us %d; want 5", n, m)
+	}
+	// Cut off, a region keeps the world it knew.
+	w.link.cut.Store(true)
+	w.clk.Advance(2 * time.Second)
+	_ = beat(eu, "a", "b")
+	eventually(t, "failed beat", func() bool { return eu.Stats().Failures >= 1 })
+	if n := beat(eu, "a"); n != 5 {
+		t.Fatalf("eu while cut: %d, want the last world weight 5", n)
+	}
+}
+
+func TestTieredWindowTokensLapse(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := newTierWorld(t)
+	ts := w.region(t, "sa", nil)
+	ctx := context.Background()
+	win := local.Limit{Rate: 100, Period: 10 * time.Second, Burst: 100}
+	req := Request{Policy: "w", Key: "k", Limit: win, Window: true, Hold: 100 * time.Millisecond, Version: 1, N: 5, Min: 1, Need: 1}
+	_, _ = ts.Lease(ctx, req)
+	eventually(t, "refill", func() bool { return ts.Stats().Refills == 1 })
+	if res, err := ts.Lease(ctx, req); err != nil || res.Granted != 5 {
+		t.Fatalf("window lease = %+v, %v", res, err)
+	}
+	// The parent counts the batch one second (Period/10) on: the pool
+	// hands tokens out while the process's hold (100 ms) still ends before.
+	w.clk.Advance(899*time.Millisecond - 100*time.Millisecond)
+	if res, _ := ts.Lease(ctx, req); res.Granted != 5 {
+		t.Fatalf("granted %d just before the lapse", res.Granted)
+	}
+	w.clk.Advance(2 * time.Millisecond)
+	if res, _ := ts.Lease(ctx, req); res.Granted != 0 {
+		t.Fatalf("granted %d from lapsed window tokens", res.Granted)
+	}
+	// Returns to a window pool are dropped: the parent lets them lapse.
+	if _, err := ts.Return(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTieredBadInput(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := newTierWorld(t)
+	local := NewMemory(w.clk)
+	for _, tc := range []struct {
+		name   string
+		region string
+		opts   []TieredOption
+	}{
+		{"empty region", "", nil},
+		{"zero gap", "r", []TieredOption{WithRefillGap(0)}},
+		{"negative TTL", "r", []TieredOption{WithPoolTTL(-time.Second)}},
+		{"nil clock", "r", []TieredOption{WithTieredClock(nil)}},
+	} {
+		if _, err := NewTiered(tc.region, local, w.link, tc.opts...); err == nil {
+			t.Errorf("%s: no error", tc.name)
+		}
+	}
+	ts := w.region(t, "r", local)
+	ctx := context.Background()
+	bad := tierReq(1)
+	bad.Key = ""
+	for op, f := range map[string]func(context.Context, Request) (Result, error){"lease": ts.Lease, "return": ts.Return, "debit": ts.Debit} {
+		if _, err := f(ctx, bad); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("%s with an empty key: %v, want ErrInvalidKey", op, err)
+		}
+	}
+	if _, err := ts.Heartbeat(ctx, "", "p", "", time.Second); !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("heartbeat with no member: %v", err)
+	}
+	if _, err := w.parent.Weigh(ctx, "", "p", "r", -1, time.Second); err == nil {
+		t.Error("negative weight accepted")
+	}
+}
+
+// TestPoolForeignData: a pool or world key that holds something leasehold
+// did not write is ErrCorruptState, never a wrong answer.
+func TestPoolForeignData(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	s := NewRedis(c)
+	ctx := context.Background()
+	key := PoolKey("", "p", "", "k")
+	for name, write := range map[string]func(){
+		"string":      func() { mr.Set(key, "hello") },
+		"short state": func() { mr.Set(key, "Q 1 2 3") },
+		"non-numbers": func() { mr.Set(key, "Q a b c d e f g h i") },
+		"fraction":    func() { mr.Set(key, "Q 1.5 0 0 0 0 0 0 0 0") },
+		"hash":        func() { mr.Del(key); mr.HSet(key, "f", "v") },
+	} {
+		mr.Del(key)
+		write()
+		if _, err := s.pool(ctx, key, poolTake, [7]int64{1, 1, -1, 1, 1000, 0, 1}); !errors.Is(err, ErrCorruptState) {
+			t.Errorf("%s: %v, want ErrCorruptState", name, err)
+		}
+	}
+	mr.Set(WorldKey("", "p"), "not a hash")
+	if _, err := s.Weigh(ctx, "", "p", "r", 1, time.Second); !errors.Is(err, ErrCorruptState) {
+		t.Errorf("world key of another type: %v, want ErrCorruptState", err)
+	}
+}
