@@ -42,7 +42,8 @@ type poolState struct {
 //	give   a n: tokens a process gave back
 //	drain  take everything if exp has passed (to give back to the parent)
 //	beat   a claim length µs: claim the region beat if none is in flight
-//	weigh  a weight: record the world's weight a beat read
+//	weigh  a the world's weight a beat read, b the region's own weight it
+//	       reported (kept in rem); the parent is up (fail marks it down)
 type poolOp string
 
 const (
@@ -123,7 +124,7 @@ func applyPool(st poolState, op poolOp, a [7]int64, now int64) (poolState, poolR
 			st.claim, claimed = now+a[0], true
 		}
 	case poolWeigh:
-		st.level = a[0]
+		st.level, st.rem, st.down = a[0], a[1], 0
 	}
 	return st, poolReply{granted: granted, claimed: claimed, now: now, st: st}
 }
@@ -201,6 +202,8 @@ elseif op == 'beat' then
   if now >= s.claim then s.claim = now + a; claimed = 1 end
 elseif op == 'weigh' then
   s.level = a
+  s.rem = b
+  s.down = 0
 else
   return redis.error_reply('ERR leasehold pool: unknown op ' .. tostring(op))
 end

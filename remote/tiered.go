@@ -81,6 +81,7 @@ type Tiered struct {
 	mu     sync.Mutex
 	closed bool
 	drains map[string]clock.Timer // pool key -> its give-back timer
+	rng    *rand.Rand             // guarded by mu
 
 	parentCalls, refills, failures, givenBack atomic.Int64
 }
@@ -101,8 +102,11 @@ type TieredStats struct {
 type TieredOption interface{ apply(*tieredConfig) }
 
 type tieredConfig struct {
-	gap, horizon, lead, poolTTL, beat, timeout time.Duration
+	gap, horizon, lead, poolTTL, beat, timeout, expiry time.Duration
 	clk                                        clock.Clock
+	spawn                                      func(run func())
+	seed                                       uint64
+	seeded                                     bool
 }
 
 type tieredOptionFunc func(*tieredConfig)
@@ -135,6 +139,16 @@ func WithRegionBeat(d time.Duration) TieredOption {
 	return tieredOptionFunc(func(c *tieredConfig) { c.beat = d })
 }
 
+// WithRegionExpiry sets how long the parent counts a region's weight
+// after its last beat. It errs long: a region cut off from the parent
+// cannot beat, and if its weight expired meanwhile the world would look
+// smaller than it is when the link comes back, and every region's share
+// in the next outage too big. A region that is gone for good keeps the
+// others' shares small until then. The default is 5 minutes.
+func WithRegionExpiry(d time.Duration) TieredOption {
+	return tieredOptionFunc(func(c *tieredConfig) { c.expiry = d })
+}
+
 // WithParentTimeout bounds every background call to the parent. The
 // default is 2 s.
 func WithParentTimeout(d time.Duration) TieredOption {
@@ -147,13 +161,29 @@ func WithTieredClock(c clock.Clock) TieredOption {
 	return tieredOptionFunc(func(t *tieredConfig) { t.clk = c })
 }
 
+// WithSpawn sets how the store starts its background calls to the parent
+// (refills, give-backs, beats); spawn must run run, at once or later. The
+// default starts a goroutine. A simulation on a manual clock passes one
+// that returns once run has blocked on its virtual clock or ended, so that
+// its runs replay exactly.
+func WithSpawn(spawn func(run func())) TieredOption {
+	return tieredOptionFunc(func(c *tieredConfig) { c.spawn = spawn })
+}
+
+// WithTieredSeed makes the store's jitter repeatable, for simulations and
+// tests. By default it is seeded at random.
+func WithTieredSeed(seed uint64) TieredOption {
+	return tieredOptionFunc(func(c *tieredConfig) { c.seed, c.seeded = seed, true })
+}
+
 // NewTiered returns the Store of region, which answers from local and
 // leases from parent. Region names the region among the parent's (its
 // weight's entry): 1 to MaxKeyLen bytes.
 func NewTiered(region string, local RegionStore, parent Parent, opts ...TieredOption) (*Tiered, error) {
 	cfg := tieredConfig{
 		gap: 300 * time.Millisecond, horizon: 500 * time.Millisecond, poolTTL: 2 * time.Second,
-		beat: 2 * time.Second, timeout: 2 * time.Second, clk: clock.Real(),
+		beat: 2 * time.Second, timeout: 2 * time.Second, expiry: 5 * time.Minute, clk: clock.Real(),
+		spawn: func(run func()) { go run() },
 	}
 	for _, o := range opts {
 		o.apply(&cfg)
@@ -163,13 +193,17 @@ func NewTiered(region string, local RegionStore, parent Parent, opts ...TieredOp
 		return nil, fmt.Errorf("%w: region %.40q", ErrInvalidKey, region)
 	case local == nil || parent == nil:
 		return nil, errors.New("remote: tiered store needs a region store and a parent")
-	case cfg.gap <= 0 || cfg.horizon <= 0 || cfg.poolTTL <= 0 || cfg.beat <= 0 || cfg.timeout <= 0:
+	case cfg.gap <= 0 || cfg.horizon <= 0 || cfg.poolTTL <= 0 || cfg.beat <= 0 || cfg.timeout <= 0 || cfg.expiry < cfg.beat:
 		return nil, fmt.Errorf("remote: tiered store: durations must be positive: %+v", cfg)
-	case cfg.clk == nil:
-		return nil, errors.New("remote: tiered store: nil clock")
+	case cfg.clk == nil || cfg.spawn == nil:
+		return nil, errors.New("remote: tiered store: nil clock or spawn")
 	}
 	cfg.lead = cfg.horizon / 2
-	t := &Tiered{region: region, local: local, parent: parent, cfg: cfg, drains: map[string]clock.Timer{}}
+	if !cfg.seeded {
+		cfg.seed = rand.Uint64()
+	}
+	t := &Tiered{region: region, local: local, parent: parent, cfg: cfg, drains: map[string]clock.Timer{},
+		rng: rand.New(rand.NewPCG(cfg.seed, 0x7133ed))}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	return t, nil
 }
@@ -202,19 +236,20 @@ func (t *Tiered) Close() error {
 // spawn runs f in a goroutine that Close waits for; false once closed.
 func (t *Tiered) spawn(f func()) bool {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closed {
+		t.mu.Unlock()
 		return false
 	}
 	t.wg.Add(1)
-	go func() {
+	t.mu.Unlock() // a simulation's spawn waits for f, which may lock t.mu
+	t.cfg.spawn(func() {
 		defer t.wg.Done()
 		f()
-	}()
+	})
 	return true
 }
 
-// windowHolds returns, for a sliding-window request, the hold the parent
+// windowHold returns, for a sliding-window request, the hold the parent
 // is asked for (a tenth of the shortest period) and true.
 func windowHold(r *Request) (time.Duration, bool) {
 	if !r.Window {
@@ -250,7 +285,9 @@ func (t *Tiered) Lease(ctx context.Context, r Request) (Result, error) {
 	// would otherwise keep the same order, and the one right after a
 	// refill of the parent would keep getting the most.
 	gap := t.cfg.gap.Microseconds()
-	gap += rand.Int64N(gap/2+1) - gap/4
+	t.mu.Lock()
+	gap += t.rng.Int64N(gap/2+1) - gap/4
+	t.mu.Unlock()
 	args := [7]int64{r.N, max(r.Need, 1), -1, 1, gap, t.cfg.lead.Microseconds(), int64(r.Version)}
 	if _, ok := windowHold(&r); ok {
 		// Window tokens lapse; a lease is refilled when dry, not before.
@@ -275,11 +312,17 @@ func (t *Tiered) Lease(ctx context.Context, r Request) (Result, error) {
 		return res, nil
 	}
 	if rep.st.down != 0 {
-		return Result{}, fmt.Errorf("remote: region %q: pool %q dry and parent %w: %w since %v", t.region, key,
-			ErrUnavailable, ErrUnreachable, time.UnixMicro(rep.st.down).Format(time.RFC3339Nano))
+		return Result{}, t.parentDown(key, rep)
 	}
 	res.RetryAfter = time.Duration(min(max(rep.st.claim-rep.now, 1000), t.cfg.gap.Microseconds())) * time.Microsecond
 	return res, nil
+}
+
+// parentDown is the error of a call the region cannot serve while its
+// refills find the parent down.
+func (t *Tiered) parentDown(key string, rep poolReply) error {
+	return fmt.Errorf("remote: region %q: pool %q: parent %w: %w since %v", t.region, key,
+		ErrUnavailable, ErrUnreachable, time.UnixMicro(rep.st.down).Format(time.RFC3339Nano))
 }
 
 // want is the batch a refill asks the parent for: the region's demand
@@ -415,6 +458,16 @@ func (t *Tiered) Debit(ctx context.Context, r Request) (Result, error) {
 	if err := checkRequest(OpDebit, &r); err != nil {
 		return Result{}, err
 	}
+	// While the region's refills find the parent down, a debit would only
+	// fail too: it waits for the next refill that gets through.
+	key := PoolKey(r.Prefix, r.Policy, r.Tier, r.Key)
+	rep, err := t.local.pool(ctx, key, poolGive, [7]int64{})
+	if err != nil {
+		return Result{}, err
+	}
+	if rep.st.down != 0 {
+		return Result{}, t.parentDown(key, rep)
+	}
 	t.parentCalls.Add(1)
 	res, err := t.parent.Debit(ctx, r)
 	if err != nil {
@@ -457,7 +510,15 @@ func (t *Tiered) Heartbeat(ctx context.Context, prefix, policy, member string, e
 		return 0, err
 	}
 	if rep.claimed {
-		t.spawn(func() { t.beatOnce(prefix, policy, int64(n)) })
+		weight := int64(n)
+		if rep.st.down != 0 {
+			// The last beat failed: the region's limiters may have
+			// stopped heartbeating while they were cut off (degraded),
+			// so this count is still filling up. Report at least what
+			// the region reported before the cut.
+			weight = max(weight, rep.st.rem)
+		}
+		t.spawn(func() { t.beatOnce(prefix, policy, weight) })
 	}
 	return max(n, int(rep.st.level)), nil
 }
@@ -468,12 +529,14 @@ func (t *Tiered) beatOnce(prefix, policy string, weight int64) {
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.timeout)
 	defer cancel()
 	t.parentCalls.Add(1)
-	world, err := t.parent.Weigh(ctx, prefix, policy, t.region, weight, 3*t.cfg.beat)
+	world, err := t.parent.Weigh(ctx, prefix, policy, t.region, weight, t.cfg.expiry)
 	if err != nil {
 		t.failures.Add(1)
-		return // the region keeps the last weight it knew
+		// The region keeps the last weights it knew.
+		_, _ = t.local.pool(ctx, RegionKey(prefix, policy), poolFail, [7]int64{})
+		return
 	}
-	if _, err := t.local.pool(ctx, RegionKey(prefix, policy), poolWeigh, [7]int64{world}); err != nil {
+	if _, err := t.local.pool(ctx, RegionKey(prefix, policy), poolWeigh, [7]int64{world, weight}); err != nil {
 		return
 	}
 	t.copyPolicy(ctx, prefix, policy)

@@ -53,8 +53,10 @@ func TestPoolTwinsAgree(t *testing.T) {
 					reset = -1
 				}
 				a = [7]int64{r.Int64N(100), now + r.Int64N(3_000_000) - 500_000, ver, r.Int64N(1000), reset}
-			case poolGive, poolWeigh:
+			case poolGive:
 				a[0] = r.Int64N(30)
+			case poolWeigh:
+				a[0], a[1] = r.Int64N(30), r.Int64N(10)
 			case poolBeat:
 				a[0] = 1 + r.Int64N(2_000_000)
 			}

@@ -105,6 +105,7 @@ func runOne(s *Scenario, seed uint64, out string, stdout, stderr io.Writer) (*re
 		s.Name, sd, s.Processes, s.DurationS, time.Since(began).Seconds(), s.Description)
 	rec.table(stdout)
 	rec.auditTable(stdout)
+	rec.regionTable(stdout)
 	files, err := rec.writePlots(out)
 	if err != nil {
 		return nil, "", fmt.Errorf("plot: %w", err)

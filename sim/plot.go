@@ -17,6 +17,9 @@ import (
 func (r *recorder) writePlots(dir string) ([]string, error) {
 	p := plot.New()
 	p.Title.Text = r.sc.Name + ": admitted per second, stacked by process"
+	if len(r.regions) > 0 {
+		p.Title.Text = r.sc.Name + ": admitted per second, stacked by region"
+	}
 	p.X.Label.Text = "virtual seconds"
 	p.Y.Label.Text = "requests per second"
 	top := r.plotTop()
@@ -78,20 +81,29 @@ func (r *recorder) plotFaults(p *plot.Plot, top float64) error {
 
 // plotStacked draws stacked areas: process i fills between the sums of
 // 0..i-1 and 0..i.
+// In a tiered world the bands are regions, named in the legend.
 func (r *recorder) plotStacked(p *plot.Plot, _ float64) error {
 	secs := len(r.perSecond)
-	procs := 0
+	bands := 0
 	for _, row := range r.perSecond {
-		procs = max(procs, len(row))
+		bands = max(bands, len(row))
+	}
+	at := func(band, s int) int64 {
+		if band < len(r.perSecond[s]) {
+			return r.perSecond[s][band]
+		}
+		return 0
+	}
+	if len(r.regions) > 0 {
+		bands = len(r.regions)
+		at = func(band, s int) int64 { return r.regions[band].perS[s] }
 	}
 	lower := make([]float64, secs)
-	for proc := 0; proc < procs; proc++ {
+	for proc := 0; proc < bands; proc++ {
 		upper := make([]float64, secs)
 		pts := make(plotter.XYs, 0, 2*secs+2)
 		for s := 0; s < secs; s++ {
-			if proc < len(r.perSecond[s]) {
-				upper[s] = float64(r.perSecond[s][proc])
-			}
+			upper[s] = float64(at(proc, s))
 			upper[s] += lower[s]
 			pts = append(pts, plotter.XY{X: float64(s) + 0.5, Y: upper[s]})
 		}
@@ -106,6 +118,9 @@ func (r *recorder) plotStacked(p *plot.Plot, _ float64) error {
 		area.Color = color.RGBA{R: uint8(r8 >> 8), G: uint8(g8 >> 8), B: uint8(b8 >> 8), A: 170}
 		area.LineStyle.Width = 0
 		p.Add(area)
+		if len(r.regions) > 0 {
+			p.Legend.Add(r.sc.Regions[proc].Name, area)
+		}
 		lower = upper
 	}
 	return nil

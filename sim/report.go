@@ -49,6 +49,10 @@ type recorder struct {
 	// spans of constant limits the audit checks them against.
 	admits []time.Duration
 	spans  []auditSpan
+
+	// A tiered world's regions, and every admission's time.
+	regions     []regionStats
+	worldAdmits []time.Duration
 }
 
 // auditSpan is a stretch of the run under one set of limits.
@@ -206,6 +210,7 @@ func (r *recorder) decision(now time.Duration, proc int, key string, d hybrid.De
 		return
 	}
 	p.decisions++
+	r.regionDecision(now, r.w.procs[proc].region, d.Allowed)
 	if lat > 0 {
 		p.latencies = append(p.latencies, lat)
 	} else {
@@ -324,6 +329,7 @@ func (r *recorder) verdict() []string {
 		}
 	}
 	miss = append(miss, r.auditMisses()...)
+	miss = append(miss, r.regionMisses()...)
 	if t.RecoveryMaxS > 0 && r.faultEnd > 0 {
 		switch {
 		case r.recoveredAt < 0:

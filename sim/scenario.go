@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"sort"
@@ -48,6 +49,11 @@ type Scenario struct {
 	Events []EventSpec `json:"events"`
 	// Targets are what the verdict checks.
 	Targets Targets `json:"targets"`
+	// Regions, if set, make a tiered world: each region's processes
+	// lease through a remote.Tiered from the region's own store, which
+	// leases from the world's store across the region's link. Processes
+	// is then their sum.
+	Regions []RegionSpec `json:"regions"`
 }
 
 // PolicySpec is a hybrid.Policy in JSON.
@@ -138,7 +144,7 @@ type LatencySpec struct {
 type TrafficSpec struct {
 	// RatePerS is each process's offered rate (the on-rate for bursty).
 	RatePerS float64 `json:"rate_per_s"`
-	// Pattern is constant (default), poisson or bursty.
+	// Pattern is constant (default), poisson, bursty or diurnal.
 	Pattern string `json:"pattern"`
 	// OnS and OffS shape bursty traffic.
 	OnS  float64 `json:"on_s"`
@@ -156,6 +162,21 @@ type TrafficSpec struct {
 	// FromS and UntilS bound the source in time (default: whole run).
 	FromS  float64 `json:"from_s"`
 	UntilS float64 `json:"until_s"`
+	// Region limits the source to the processes of one region.
+	Region string `json:"region"`
+	// DayS and PeakS shape diurnal traffic: the rate follows a day of
+	// DayS seconds, full at PeakS and a twentieth of it half a day away.
+	DayS  float64 `json:"day_s"`
+	PeakS float64 `json:"peak_s"`
+}
+
+// rateAt is the source's per-process rate at t (seconds), before skew.
+func (t TrafficSpec) rateAt(tS float64) float64 {
+	if t.Pattern != "diurnal" {
+		return t.RatePerS
+	}
+	phase := 2 * math.Pi * (tS - t.PeakS) / t.DayS
+	return t.RatePerS * max(0.05, (1+math.Cos(phase))/2)
 }
 
 // EventSpec is a timed change. Kinds:
@@ -169,7 +190,10 @@ type TrafficSpec struct {
 //   - restart: processes restart one by one, EveryS apart.
 //   - join / leave: Count processes join or leave.
 //   - tier: every key moves to tier Tier (a tenant upgraded).
+//   - link: the link between Region ("" for every region) and the
+//     world's store fails: a partition, or the world's store down.
 type EventSpec struct {
+	Region    string  `json:"region"`
 	Tier      string  `json:"tier"`
 	Kind      string  `json:"kind"`
 	AtS       float64 `json:"at_s"`
@@ -203,6 +227,16 @@ type Targets struct {
 	// MaxStoreCallsPer1000 bounds store calls per 1 000 decisions while
 	// healthy.
 	MaxStoreCallsPer1000 float64 `json:"max_store_calls_per_1000"`
+	// MaxParentCallsPerSPerRegion bounds, in a tiered world, the calls
+	// each region makes to the world's store per second.
+	MaxParentCallsPerSPerRegion float64 `json:"max_parent_calls_per_s_per_region"`
+	// RegionShareWithinPct bounds, for each region a link event cuts off,
+	// |admitted - share| / share while cut off, where share is the
+	// region's processes' part of the limit.
+	RegionShareWithinPct float64 `json:"region_share_within_pct"`
+	// WorldOverMaxBursts bounds, in a tiered world, the most the world's
+	// admissions ever ran over Burst + Rate·t since the start, in Bursts.
+	WorldOverMaxBursts *float64 `json:"world_over_max_bursts"`
 	// WindowUtilizationMinPct is, for audited policies, the least share
 	// of each binding limit a window of its period must admit once a whole
 	// period has passed under it (see the window audit); audits always
@@ -216,11 +250,12 @@ func sec(f float64) time.Duration {
 }
 
 var kinds = map[string]bool{"outage": true, "hang": true, "latency": true, "partition": true, "skew": true,
-	"policy": true, "restart": true, "join": true, "leave": true, "tier": true}
+	"policy": true, "restart": true, "join": true, "leave": true, "tier": true, "link": true}
 
 // validate fills defaults and rejects what cannot run.
 func (s *Scenario) validate() error {
-	errs := s.validateRun()
+	errs := s.validateRegions()
+	errs = append(errs, s.validateRun()...)
 	for i := range s.Traffic {
 		errs = append(errs, s.Traffic[i].validate(i, s.DurationS)...)
 	}
@@ -289,7 +324,7 @@ func (t *TrafficSpec) validate(i int, durationS float64) []error {
 	switch {
 	case t.RatePerS <= 0:
 		return []error{fmt.Errorf("traffic[%d].rate_per_s must be positive", i)}
-	case t.Pattern != "constant" && t.Pattern != "poisson" && t.Pattern != "bursty":
+	case t.Pattern != "constant" && t.Pattern != "poisson" && t.Pattern != "bursty" && t.Pattern != "diurnal":
 		return []error{fmt.Errorf("traffic[%d].pattern %q unknown", i, t.Pattern)}
 	case t.Pattern == "bursty" && (t.OnS <= 0 || t.OffS <= 0):
 		return []error{fmt.Errorf("traffic[%d]: bursty needs on_s and off_s", i)}
@@ -299,8 +334,46 @@ func (t *TrafficSpec) validate(i int, durationS float64) []error {
 		return []error{fmt.Errorf("traffic[%d].zipf_s must be > 1", i)}
 	case t.ProcessSkew < 0 || t.ProcessSkew > 1:
 		return []error{fmt.Errorf("traffic[%d].process_skew outside [0, 1]", i)}
+	case t.Pattern == "diurnal" && t.DayS <= 0:
+		return []error{fmt.Errorf("traffic[%d]: diurnal needs day_s", i)}
 	}
 	return nil
+}
+
+// validateRegions checks a tiered world and sets Processes to its sum.
+func (s *Scenario) validateRegions() []error {
+	if len(s.Regions) == 0 {
+		for i, t := range s.Traffic {
+			if t.Region != "" {
+				return []error{fmt.Errorf("traffic[%d].region %q without regions", i, t.Region)}
+			}
+		}
+		return nil
+	}
+	var errs []error
+	names := map[string]bool{}
+	s.Processes = 0
+	for i, r := range s.Regions {
+		if r.Name == "" || names[r.Name] {
+			errs = append(errs, fmt.Errorf("regions[%d]: name %q empty or repeated", i, r.Name))
+		}
+		names[r.Name] = true
+		if r.Processes <= 0 || r.LinkMS < 0 || r.LinkJitterMS < 0 {
+			errs = append(errs, fmt.Errorf("regions[%d]: processes must be positive, link_ms and link_jitter_ms not negative", i))
+		}
+		s.Processes += r.Processes
+	}
+	for i, t := range s.Traffic {
+		if t.Region != "" && !names[t.Region] {
+			errs = append(errs, fmt.Errorf("traffic[%d].region %q unknown", i, t.Region))
+		}
+	}
+	for i, e := range s.Events {
+		if e.Region != "" && !names[e.Region] {
+			errs = append(errs, fmt.Errorf("events[%d].region %q unknown", i, e.Region))
+		}
+	}
+	return errs
 }
 
 func (s *Scenario) validateEvent(i int) []error {
@@ -314,6 +387,9 @@ func (s *Scenario) validateEvent(i int) []error {
 	}
 	if e.faulty() && e.UntilS <= e.AtS {
 		errs = append(errs, fmt.Errorf("events[%d]: %s needs until_s after at_s", i, e.Kind))
+	}
+	if e.Kind == "link" && len(s.Regions) == 0 {
+		errs = append(errs, fmt.Errorf("events[%d]: link needs regions", i))
 	}
 	if e.Kind == "partition" && (e.Fraction <= 0 || e.Fraction > 1) {
 		errs = append(errs, fmt.Errorf("events[%d]: partition needs a fraction in (0, 1]", i))
@@ -334,7 +410,7 @@ func (s *Scenario) validateEvent(i int) []error {
 // faulty reports whether the event makes the store fail for someone.
 func (e EventSpec) faulty() bool {
 	switch e.Kind {
-	case "outage", "hang", "latency", "partition":
+	case "outage", "hang", "latency", "partition", "link":
 		return true
 	}
 	return false

@@ -11,7 +11,11 @@ import (
 
 // shorten scales a scenario down for tests: at most maxS virtual seconds
 // (event times scaled alike), at most maxProcs processes and maxKeys keys.
+// Tiered worlds are left whole.
 func shorten(s *Scenario, maxS float64, maxProcs, maxKeys int) {
+	if len(s.Regions) > 0 {
+		return // a tiered world runs whole: one key, and its start-up is part of what it shows
+	}
 	f := min(1, maxS/s.DurationS)
 	s.DurationS *= f
 	for i := range s.Events {
@@ -26,7 +30,9 @@ func shorten(s *Scenario, maxS float64, maxProcs, maxKeys int) {
 		t.UntilS *= f
 		t.Keys = min(t.Keys, maxKeys)
 	}
-	s.Processes = min(s.Processes, maxProcs)
+	if len(s.Regions) == 0 { // a tiered world's fleet is its regions'
+		s.Processes = min(s.Processes, maxProcs)
+	}
 }
 
 // TestDefaultSuiteMeetsTargets runs every built-in scenario, shortened, and
@@ -40,8 +46,8 @@ func TestDefaultSuiteMeetsTargets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(suite) != 12 {
-		t.Fatalf("default suite has %d scenarios, want 12", len(suite))
+	if len(suite) != 15 {
+		t.Fatalf("default suite has %d scenarios, want 15", len(suite))
 	}
 	for _, s := range suite {
 		t.Run(s.Name, func(t *testing.T) {
@@ -81,7 +87,13 @@ func TestDefaultSuiteMeetsTargets(t *testing.T) {
 					t.Error("an audited policy's run was not audited")
 				}
 			}
-			if rec.faultEnd > 0 && (rec.recoveredAt < 0 || (rec.recoveredAt-rec.faultEnd).Seconds() > 2) {
+			// A tiered world notices its link is back at its next refill
+			// (300 ms apart while cut off) and one round trip later.
+			recovery := 2.0
+			if len(s.Regions) > 0 {
+				recovery += 0.5
+			}
+			if rec.faultEnd > 0 && (rec.recoveredAt < 0 || (rec.recoveredAt-rec.faultEnd).Seconds() > recovery) {
 				t.Errorf("recovered at %v after a fault that ended at %v", rec.recoveredAt, rec.faultEnd)
 			}
 		})
@@ -90,10 +102,12 @@ func TestDefaultSuiteMeetsTargets(t *testing.T) {
 
 // TestRunIsDeterministic: the same seed gives the same run, second by
 // second, process by process, phase by phase, down to the recovery time and
-// every decision latency; another seed does not.
+// every decision latency (in a tiered world, region by region, down to
+// every admission's time and every call across a link); another seed does
+// not.
 func TestRunIsDeterministic(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"outage-10s", "limit-halved", "rolling-restart"} {
+	for _, name := range []string{"outage-10s", "limit-halved", "rolling-restart", "world-store-down"} {
 		load := func() *Scenario {
 			suite, err := defaultSuite()
 			if err != nil {
@@ -117,8 +131,16 @@ func TestRunIsDeterministic(t *testing.T) {
 			runs[i] = r
 		}
 		a, b, c := runs[0], runs[1], runs[2]
-		if !reflect.DeepEqual(a.perSecond, b.perSecond) || !reflect.DeepEqual(a.offeredS, b.offeredS) || a.recoveredAt != b.recoveredAt {
+		if !reflect.DeepEqual(a.perSecond, b.perSecond) || !reflect.DeepEqual(a.offeredS, b.offeredS) || a.recoveredAt != b.recoveredAt ||
+			!reflect.DeepEqual(a.regions, b.regions) || !reflect.DeepEqual(a.worldAdmits, b.worldAdmits) {
 			t.Fatalf("%s: two runs with seed 42 differ:\n%v\n%v", name, a.perSecond, b.perSecond)
+		}
+		if a.w.regions != nil {
+			for i, rg := range a.w.regions {
+				if x, y := rg.link.calls.Load(), b.w.regions[i].link.calls.Load(); x != y {
+					t.Fatalf("%s: region %d made %d and %d calls to the world in identical runs", name, i, x, y)
+				}
+			}
 		}
 		for i := range a.phases {
 			pa, pb := a.phases[i], b.phases[i]

@@ -34,11 +34,13 @@ func (c *skewClock) Now() time.Time { return c.Manual.Now().Add(time.Duration(c.
 
 // process is one simulated service instance.
 type process struct {
-	id    int
-	lim   *hybrid.Limiter
-	clk   *skewClock
-	store *faultStore
-	alive bool
+	id     int
+	region int // index in the world's regions; 0 without regions
+	lim    *hybrid.Limiter
+	clk    *skewClock
+	store  *faultStore
+	tiered *remote.Tiered // the process's store in a tiered world
+	alive  bool
 }
 
 // world is one scenario run: a manual clock, a MemoryStore, a fault layer
@@ -61,6 +63,9 @@ type world struct {
 	tier    atomic.Value // string: the tier every key is under
 	// incarnations counts limiters created, to seed each one apart.
 	incarnations uint64
+	// A tiered world's regions, and what replays their calls exactly.
+	regions []*region
+	sched   *sched
 }
 
 type timedAction struct {
@@ -80,6 +85,9 @@ func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*
 		policy: sc.Policy.policy(),
 	}
 	w.mem = remote.NewMemory(w.clk)
+	if len(sc.Regions) > 0 {
+		w.newRegions()
+	}
 	w.tier.Store(sc.Policy.Tier)
 	w.rec = newRecorder(sc, w)
 	for i, t := range sc.Traffic {
@@ -116,6 +124,11 @@ func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*
 	for _, p := range w.procs {
 		if p.alive {
 			_ = p.lim.Close(w.ctx)
+		}
+	}
+	for _, p := range w.procs {
+		if p.tiered != nil {
+			_ = p.tiered.Close()
 		}
 	}
 	return w.rec, nil
@@ -167,7 +180,16 @@ func (w *world) spawn() error {
 	id := w.nextID
 	w.nextID++
 	p := &process{id: id, clk: &skewClock{Manual: w.clk}, alive: true}
-	p.store = &faultStore{mem: w.mem, rng: rand.New(rand.NewPCG(w.seed, uint64(id)+1000)), lat: w.sc.LatencyMS, rec: w.rec}
+	var next simStore = w.mem
+	if len(w.regions) > 0 {
+		p.region = w.regionOf(id)
+		ts, err := w.tiered(p.region)
+		if err != nil {
+			return err
+		}
+		p.tiered, next = ts, ts
+	}
+	p.store = &faultStore{next: next, rng: rand.New(rand.NewPCG(w.seed, uint64(id)+1000)), lat: w.sc.LatencyMS, rec: w.rec}
 	if err := w.start(p); err != nil {
 		return err
 	}
@@ -206,6 +228,9 @@ func (w *world) schedule() {
 		case "outage", "hang", "latency", "partition":
 			w.at(e.AtS, func() { w.setFault(e, true) })
 			w.at(e.UntilS, func() { w.setFault(e, false) })
+		case "link":
+			w.at(e.AtS, func() { w.cutLinks(e.Region, true) })
+			w.at(e.UntilS, func() { w.cutLinks(e.Region, false) })
 		case "skew":
 			w.at(e.AtS, func() { w.skew(ms(e.SkewMS)) })
 		case "policy":
@@ -315,13 +340,16 @@ func (w *world) offer(now time.Duration) {
 			continue
 		}
 		for i, p := range ps {
-			rate := t.RatePerS
+			if t.Region != "" && w.sc.Regions[p.region].Name != t.Region {
+				continue
+			}
+			rate := t.rateAt(tS)
 			if t.ProcessSkew > 0 && len(ps) > 1 {
 				rate *= 1 - t.ProcessSkew/2 + t.ProcessSkew*float64(i)/float64(len(ps)-1)
 			}
 			var n int
 			switch t.Pattern {
-			case "constant":
+			case "constant", "diurnal":
 				n = int(math.Floor((tS+stepS)*rate) - math.Floor(tS*rate))
 			case "poisson":
 				n = poisson(w.rng, rate*stepS)
@@ -368,13 +396,21 @@ func poisson(r *rand.Rand, m float64) int {
 	}
 }
 
+// simStore is what a process's faultStore forwards to: the world's
+// MemoryStore, or the process's Tiered store in a tiered world.
+type simStore interface {
+	remote.Store
+	remote.Fleet
+	remote.Policies
+}
+
 // faultStore is one process's view of the shared store: calls can fail
 // (outage, partition), time out (hang, or latency above the refill
 // timeout) or succeed after a modeled latency. Calls take no virtual time:
 // a call the limiter would have waited for longer than its store timeout
 // is recorded with the timeout as its latency.
 type faultStore struct {
-	mem         *remote.MemoryStore
+	next        simStore
 	rng         *rand.Rand
 	lat         LatencySpec
 	rec         *recorder
@@ -403,61 +439,61 @@ func (f *faultStore) Lease(ctx context.Context, r remote.Request) (remote.Result
 	if err := f.gate(); err != nil {
 		return remote.Result{}, err
 	}
-	return f.mem.Lease(ctx, r)
+	return f.next.Lease(ctx, r)
 }
 
 func (f *faultStore) Return(ctx context.Context, r remote.Request) (remote.Result, error) {
 	if err := f.gate(); err != nil {
 		return remote.Result{}, err
 	}
-	return f.mem.Return(ctx, r)
+	return f.next.Return(ctx, r)
 }
 
 func (f *faultStore) Debit(ctx context.Context, r remote.Request) (remote.Result, error) {
 	if err := f.gate(); err != nil {
 		return remote.Result{}, err
 	}
-	return f.mem.Debit(ctx, r)
+	return f.next.Debit(ctx, r)
 }
 
 func (f *faultStore) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
 	if err := f.gate(); err != nil {
 		return remote.FailedReplies(len(rs), err)
 	}
-	return f.mem.Batch(ctx, op, rs)
+	return f.next.Batch(ctx, op, rs)
 }
 
 func (f *faultStore) Heartbeat(ctx context.Context, prefix, policy, member string, expiry time.Duration) (int, error) {
 	if err := f.gate(); err != nil {
 		return 0, err
 	}
-	return f.mem.Heartbeat(ctx, prefix, policy, member, expiry)
+	return f.next.Heartbeat(ctx, prefix, policy, member, expiry)
 }
 
 func (f *faultStore) Leave(ctx context.Context, prefix, policy, member string) error {
 	if err := f.gate(); err != nil {
 		return err
 	}
-	return f.mem.Leave(ctx, prefix, policy, member)
+	return f.next.Leave(ctx, prefix, policy, member)
 }
 
 func (f *faultStore) SetPolicy(ctx context.Context, prefix, name string, rec remote.PolicyRecord) (remote.PolicyRecord, bool, error) {
 	if err := f.gate(); err != nil {
 		return remote.PolicyRecord{}, false, err
 	}
-	return f.mem.SetPolicy(ctx, prefix, name, rec)
+	return f.next.SetPolicy(ctx, prefix, name, rec)
 }
 
 func (f *faultStore) GetPolicy(ctx context.Context, prefix, name string) (remote.PolicyRecord, bool, error) {
 	if err := f.gate(); err != nil {
 		return remote.PolicyRecord{}, false, err
 	}
-	return f.mem.GetPolicy(ctx, prefix, name)
+	return f.next.GetPolicy(ctx, prefix, name)
 }
 
 func (f *faultStore) WatchPolicy(ctx context.Context, prefix, name string, changed func()) (func(), error) {
 	// Pushes are not modeled as failing: polling covers a lost push.
-	return f.mem.WatchPolicy(ctx, prefix, name, changed)
+	return f.next.WatchPolicy(ctx, prefix, name, changed)
 }
 
 var (

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/remote"
+)
+
+// RegionSpec is one region of a tiered world: its processes share the
+// region's store (a remote.Tiered over a MemoryStore per process) and
+// lease from the world's store across a link.
+type RegionSpec struct {
+	Name      string `json:"name"`
+	Processes int    `json:"processes"`
+	// LinkMS is the one-way latency between the region and the world's
+	// store, uniform in [link_ms, link_ms + link_jitter_ms].
+	LinkMS       float64 `json:"link_ms"`
+	LinkJitterMS float64 `json:"link_jitter_ms"`
+}
+
+// sched makes a tiered world's background calls replay exactly. Tiered
+// stores start them through spawn, and every call to the world's store
+// waits on the virtual clock in a link. After anything that may have
+// started or woken a call, the simulation waits until every running call
+// has blocked on the virtual clock again or ended (settle), so no call
+// ever runs alongside the simulation loop.
+//
+// Only calls on goroutines spawn started wait: a call a process makes on
+// its own goroutine (a debit after an outage, a policy write) runs inside
+// the simulation loop, which cannot wait on the clock it drives, so it
+// takes no virtual time.
+type sched struct {
+	running atomic.Int64 // calls started and not ended
+	waiting atomic.Int64 // of them, blocked on the virtual clock
+	spawned sync.Map     // goroutine id -> struct{}, while it runs
+}
+
+func (s *sched) spawn(run func()) {
+	s.running.Add(1)
+	go func() {
+		id := goroutineID()
+		s.spawned.Store(id, struct{}{})
+		defer func() {
+			s.spawned.Delete(id)
+			s.running.Add(-1)
+		}()
+		run()
+	}()
+	s.settle()
+}
+
+// onSpawned reports whether the caller runs on a goroutine spawn started.
+func (s *sched) onSpawned() bool {
+	_, ok := s.spawned.Load(goroutineID())
+	return ok
+}
+
+// goroutineID reads the calling goroutine's id from its stack header,
+// "goroutine N [...". The simulation alone needs it, to tell its own
+// loop from the calls it schedules.
+func goroutineID() uint64 {
+	var buf [32]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b = bytes.TrimPrefix(b, []byte("goroutine "))
+	id, _ := strconv.ParseUint(string(b[:bytes.IndexByte(b, ' ')]), 10, 64)
+	return id
+}
+
+// settle returns once every running call is waiting or ended.
+func (s *sched) settle() {
+	for s.running.Load() != s.waiting.Load() {
+		runtime.Gosched()
+	}
+}
+
+// link is a region's view of the world's store: every call takes the
+// link's latency there and back in virtual time, or fails at once while
+// the link is cut.
+type link struct {
+	world *remote.MemoryStore
+	clk   *clock.Manual
+	sched *sched
+	spec  RegionSpec
+	mu    sync.Mutex // guards rng
+	rng   *rand.Rand
+	cut   atomic.Bool
+	calls atomic.Int64
+}
+
+var _ remote.Parent = (*link)(nil)
+
+var errLinkCut = fmt.Errorf("sim: link to the world's store: %w: %w", remote.ErrUnavailable, remote.ErrUnreachable)
+
+// cross waits one round trip on the virtual clock (for calls of spawned
+// goroutines); an error if the link is cut or ctx ended first.
+func (l *link) cross(ctx context.Context) error {
+	l.calls.Add(1)
+	if l.cut.Load() {
+		return errLinkCut
+	}
+	if !l.sched.onSpawned() {
+		return nil
+	}
+	l.mu.Lock()
+	rtt := 2 * ms(l.spec.LinkMS+l.spec.LinkJitterMS*l.rng.Float64())
+	l.mu.Unlock()
+	done := make(chan struct{})
+	var once sync.Once
+	wake := func() { once.Do(func() { l.sched.waiting.Add(-1); close(done) }) }
+	tm := l.clk.AfterFunc(rtt, func() {
+		wake()
+		l.sched.settle() // the call runs to its end before time moves on
+	})
+	// Counted as waiting only once the timer is set: until then settle
+	// holds the simulation (and its clock) back.
+	l.sched.waiting.Add(1)
+	select {
+	case <-done:
+	case <-ctx.Done():
+		tm.Stop()
+		wake()
+		return ctx.Err()
+	}
+	if l.cut.Load() {
+		return errLinkCut // cut while the call was on its way
+	}
+	return nil
+}
+
+func (l *link) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if err := l.cross(ctx); err != nil {
+		return remote.Result{}, err
+	}
+	return l.world.Lease(context.Background(), r)
+}
+
+func (l *link) Return(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if err := l.cross(ctx); err != nil {
+		return remote.Result{}, err
+	}
+	return l.world.Return(context.Background(), r)
+}
+
+func (l *link) Debit(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if err := l.cross(ctx); err != nil {
+		return remote.Result{}, err
+	}
+	return l.world.Debit(context.Background(), r)
+}
+
+func (l *link) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
+	if err := l.cross(ctx); err != nil {
+		return remote.FailedReplies(len(rs), err)
+	}
+	return l.world.Batch(context.Background(), op, rs)
+}
+
+func (l *link) Weigh(ctx context.Context, prefix, policy, region string, weight int64, expiry time.Duration) (int64, error) {
+	if err := l.cross(ctx); err != nil {
+		return 0, err
+	}
+	return l.world.Weigh(context.Background(), prefix, policy, region, weight, expiry)
+}
+
+func (l *link) SetPolicy(ctx context.Context, prefix, name string, rec remote.PolicyRecord) (remote.PolicyRecord, bool, error) {
+	if err := l.cross(ctx); err != nil {
+		return remote.PolicyRecord{}, false, err
+	}
+	return l.world.SetPolicy(context.Background(), prefix, name, rec)
+}
+
+func (l *link) GetPolicy(ctx context.Context, prefix, name string) (remote.PolicyRecord, bool, error) {
+	if err := l.cross(ctx); err != nil {
+		return remote.PolicyRecord{}, false, err
+	}
+	return l.world.GetPolicy(context.Background(), prefix, name)
+}
+
+func (l *link) WatchPolicy(ctx context.Context, prefix, name string, changed func()) (func(), error) {
+	// Pushes are not modeled as delayed or lost: polling and the pools'
+	// versions cover both.
+	return l.world.WatchPolicy(ctx, prefix, name, changed)
+}
+
+// region is one region of a running world.
+type region struct {
+	spec  RegionSpec
+	store *remote.MemoryStore
+	link  *link
+}
+
+// newRegions builds the world's regions, each with its own store and link.
+func (w *world) newRegions() {
+	w.sched = &sched{}
+	for i, spec := range w.sc.Regions {
+		w.regions = append(w.regions, &region{spec: spec, store: remote.NewMemory(w.clk), link: &link{
+			world: w.mem, clk: w.clk, sched: w.sched, spec: spec,
+			rng: rand.New(rand.NewPCG(w.seed, uint64(i)+7000)),
+		}})
+	}
+}
+
+// tiered returns a new Tiered store for a process of region ri.
+func (w *world) tiered(ri int) (*remote.Tiered, error) {
+	rg := w.regions[ri]
+	w.incarnations++
+	return remote.NewTiered(rg.spec.Name, rg.store, rg.link, remote.WithTieredClock(w.clk), remote.WithSpawn(w.sched.spawn),
+		remote.WithTieredSeed(w.seed*1_000_033+w.incarnations))
+}
+
+// regionOf returns the region index of the process with id (by spawn
+// order: the first region's processes first).
+func (w *world) regionOf(id int) int {
+	for i, rg := range w.sc.Regions {
+		if id < rg.Processes {
+			return i
+		}
+		id -= rg.Processes
+	}
+	return len(w.sc.Regions) - 1
+}
+
+// cutLinks cuts (or mends) the link of the named region, or of every
+// region for "".
+func (w *world) cutLinks(name string, on bool) {
+	for _, rg := range w.regions {
+		if name == "" || rg.spec.Name == name {
+			rg.link.cut.Store(on)
+		}
+	}
+}
