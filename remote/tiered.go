@@ -103,10 +103,10 @@ type TieredOption interface{ apply(*tieredConfig) }
 
 type tieredConfig struct {
 	gap, horizon, lead, poolTTL, beat, timeout, expiry time.Duration
-	clk                                        clock.Clock
-	spawn                                      func(run func())
-	seed                                       uint64
-	seeded                                     bool
+	clk                                                clock.Clock
+	spawn                                              func(run func())
+	seed                                               uint64
+	seeded                                             bool
 }
 
 type tieredOptionFunc func(*tieredConfig)
