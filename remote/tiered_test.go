@@ -11,8 +11,10 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/redistest"
 	"github.com/leasehold/leasehold/local"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -477,5 +479,53 @@ func TestPoolForeignData(t *testing.T) {
 	mr.Set(WorldKey("", "p"), "not a hash")
 	if _, err := s.Weigh(ctx, "", "p", "r", 1, time.Second); !errors.Is(err, ErrCorruptState) {
 		t.Errorf("world key of another type: %v, want ErrCorruptState", err)
+	}
+}
+
+// TestTieredOnRealRedis: a region on the real cluster leasing from a real
+// standalone parent: refills, give-backs, SCRIPT FLUSH on the region's
+// nodes, and foreign data in the region's pool and the parent's world key.
+func TestTieredOnRealRedis(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	cluster := redistest.SharedCluster(t).Client(t)
+	parentClient := redistest.Standalone(t).Client(t)
+	ts, err := NewTiered("eu", NewRedis(cluster), NewRedis(parentClient), WithPoolTTL(300*time.Millisecond), WithRefillGap(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ts.Close()
+	ctx := context.Background()
+	req := Request{Policy: t.Name(), Key: "k", Limit: tierLimit, Version: 1, N: 5, Min: 1, Need: 1}
+	granted, start := int64(0), time.Now()
+	eventually(t, "tokens through the region", func() bool {
+		flush(t, cluster)
+		res, err := ts.Lease(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		granted += res.Granted
+		return granted >= 20
+	})
+	// Every token came from the parent's bucket: it holds at most its
+	// Burst and refill since, less what the region granted.
+	peek, err := NewRedis(parentClient).Debit(ctx, Request{Policy: t.Name(), Key: "k", Limit: tierLimit, Version: 1, N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if most := tierLimit.Burst + int64(time.Since(start).Seconds()*float64(tierLimit.Rate)) - granted - 1; peek.Remaining > most {
+		t.Fatalf("parent holds %d after the region granted %d, want at most %d", peek.Remaining, granted, most)
+	}
+	eventually(t, "give-back to the parent", func() bool { return ts.Stats().GivenBack > 0 })
+
+	poolKey := PoolKey("", t.Name(), "", "k")
+	require.NoError(t, cluster.Del(ctx, poolKey).Err())
+	require.NoError(t, cluster.HSet(ctx, poolKey, "f", "v").Err())
+	if _, err := ts.Lease(ctx, req); !errors.Is(err, ErrCorruptState) {
+		t.Fatalf("pool key holding a hash: %v, want ErrCorruptState", err)
+	}
+	world := WorldKey("", t.Name())
+	require.NoError(t, parentClient.Set(ctx, world, "x", 0).Err())
+	if _, err := NewRedis(parentClient).Weigh(ctx, "", t.Name(), "eu", 1, time.Second); !errors.Is(err, ErrCorruptState) {
+		t.Fatalf("world key holding a string: %v, want ErrCorruptState", err)
 	}
 }

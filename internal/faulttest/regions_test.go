@@ -239,10 +239,12 @@ func TestRegionsShareOneGlobalLimit(t *testing.T) {
 	if over > 0 {
 		t.Errorf("admitted %+.0f over the exact bound", over)
 	}
-	// Same demand everywhere: no region hoards the parent's tokens.
+	// Same demand everywhere: no region hoards the parent's tokens. (The
+	// parent serves whoever asks first: the split is even on average, not
+	// second by second.)
 	for r, n := range byRegion {
-		if fair := float64(len(at)) / regionsN; float64(n) < 0.75*fair {
-			t.Errorf("region %d admitted %d, under 75%% of an even split (%.0f)", r, n, fair)
+		if fair := float64(len(at)) / regionsN; float64(n) < 0.6*fair {
+			t.Errorf("region %d admitted %d, under 60%% of an even split (%.0f)", r, n, fair)
 		}
 	}
 	if util < 0.95 {
@@ -253,6 +255,38 @@ func TestRegionsShareOneGlobalLimit(t *testing.T) {
 	if p99 > 5*time.Millisecond || p999 > 50*time.Millisecond {
 		t.Errorf("decisions paid the parent's latency: leased p99 %v, all p99.9 %v", p99, p999)
 	}
+	// The same load on limiters of one flat Redis, for the leased p99
+	// without tiers.
+	flat := flatLeasedP99(t, lim, perLimiter)
+	t.Logf("leased decisions p99 on one flat Redis, same load: %v", flat)
+	if p99 > 3*flat+100*time.Microsecond {
+		t.Errorf("leased p99 %v with tiers, %v flat", p99, flat)
+	}
+}
+
+// flatLeasedP99 runs limitersPer limiters on one Redis of their own, at
+// perLimiter decisions per second each for 5 s, and returns the p99 of
+// their leased decisions.
+func flatLeasedP99(t *testing.T, lim hybrid.Limit, perLimiter int) time.Duration {
+	srv := redistest.NewServer(t)
+	g := &globe{}
+	for i := range limitersPer {
+		l, err := hybrid.New(remote.NewRedis(srv.Client(t)), hybrid.Policy{Name: "flat", Limit: lim},
+			hybrid.WithLogger(slog.New(slog.DiscardHandler)), hybrid.WithSeed(uint64(900+i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		g.members = append(g.members, &member{lim: l})
+	}
+	_, all := g.run(t, "tenant", perLimiter, 5*time.Second)
+	var leased []time.Duration
+	for _, x := range all[0] {
+		if x.source == hybrid.SourceLease {
+			leased = append(leased, x.took)
+		}
+	}
+	return percentile(leased, 0.99)
 }
 
 // TestRegionsThroughParentCut: every region's link to the parent is cut
