@@ -326,7 +326,8 @@ func (t *Tiered) parentDown(key string, rep poolReply) error {
 }
 
 // want is the batch a refill asks the parent for: the region's demand
-// since the last refill over the horizon, at least n, at most cap.
+// since the last refill over the horizon, at least n and the rate over two
+// gaps, at most cap.
 func (t *Tiered) want(r *Request, rep poolReply) int64 {
 	lim := r.Limit
 	for _, l := range r.Also {
@@ -336,7 +337,10 @@ func (t *Tiered) want(r *Request, rep poolReply) int64 {
 	}
 	capN := max(lim.Burst/2, rateOver(lim, t.cfg.horizon))
 	capN = max(min(capN, lim.Burst), 1)
-	n := max(r.N, 1)
+	// At least the whole rate over two gaps: a region refused while its
+	// pool was dry shows little of its demand (its limiters wait out the
+	// refusal), and a slow limit would otherwise refill a token at a time.
+	n := max(r.N, 1, rateOver(lim, 2*t.cfg.gap))
 	if elapsed := rep.now - rep.st.at; rep.st.at > 0 && elapsed > 0 {
 		n = max(n, rep.st.used*t.cfg.horizon.Microseconds()/elapsed)
 	} else {
