@@ -329,5 +329,5 @@ func ExampleNew_regions() {
 	// The rest of the bound is in the regions' pools, unspent.
 	fmt.Println("eu + us admitted:", admitted["eu"]+admitted["us"], "of at most", 10+10*2)
 	// Output:
-	// eu + us admitted: 22 of at most 30
+	// eu + us admitted: 26 of at most 30
 }

@@ -84,6 +84,7 @@ type Tiered struct {
 	rng    *rand.Rand             // guarded by mu
 
 	parentCalls, refills, failures, givenBack atomic.Int64
+	rtt                                      atomic.Int64 // µs of the last refill's round trip
 }
 
 // TieredStats counts a Tiered store's work since it was created.
@@ -204,6 +205,7 @@ func NewTiered(region string, local RegionStore, parent Parent, opts ...TieredOp
 	}
 	t := &Tiered{region: region, local: local, parent: parent, cfg: cfg, drains: map[string]clock.Timer{},
 		rng: rand.New(rand.NewPCG(cfg.seed, 0x7133ed))}
+	t.rtt.Store(cfg.gap.Microseconds() / 3) // until a refill measures it
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	return t, nil
 }
@@ -314,7 +316,14 @@ func (t *Tiered) Lease(ctx context.Context, r Request) (Result, error) {
 	if rep.st.down != 0 {
 		return Result{}, t.parentDown(key, rep)
 	}
-	res.RetryAfter = time.Duration(min(max(rep.st.claim-rep.now, 1000), t.cfg.gap.Microseconds())) * time.Microsecond
+	// Retry when the refill in flight should have landed: at most a
+	// round trip to the parent (as this store last measured it), and
+	// never after the claim runs out. A key new to the region is refused
+	// this way until its first refill lands: leasing from the parent on
+	// the caller's path instead would make a limiter whose store timeout
+	// is shorter than the round trip decide by its share, over the bound.
+	wait := min(rep.st.claim-rep.now, t.rtt.Load(), t.cfg.gap.Microseconds())
+	res.RetryAfter = time.Duration(max(wait, 1000)) * time.Microsecond
 	return res, nil
 }
 
@@ -366,12 +375,14 @@ func (t *Tiered) refill(r Request, key string, rep poolReply) {
 		pr.Hold = hold
 	}
 	t.parentCalls.Add(1)
+	start := t.cfg.clk.Now()
 	res, err := t.parent.Lease(ctx, pr)
 	if err != nil {
 		t.failures.Add(1)
 		_, _ = t.local.pool(ctx, key, poolFail, [7]int64{})
 		return
 	}
+	t.rtt.Store(max(t.cfg.clk.Now().Sub(start).Microseconds(), 1))
 	if res.Version > rep.st.ver {
 		// Processes learn of the version from the pool: the region's
 		// copy of the record must have it first.

@@ -188,17 +188,12 @@ func TestTieredLeasesOnlyWhatTheParentGranted(t *testing.T) {
 	a, b := w.region(t, "eu", regionStore), w.region(t, "eu", regionStore)
 	ctx := context.Background()
 
+	// A key new to the region: the first lease finds the pool empty and
+	// claims its first refill; it is refused for about a round trip.
 	res, err := a.Lease(ctx, tierReq(10))
-	if err != nil || res.Granted != 0 || res.RetryAfter <= 0 || res.RetryAfter > 375*time.Millisecond {
-		t.Fatalf("first lease on an empty pool = %+v, %v; want a refusal with a short RetryAfter", res, err)
+	if err != nil || res.Granted != 0 || res.RetryAfter <= 0 || res.RetryAfter > 100*time.Millisecond {
+		t.Fatalf("first lease of a new key = %+v, %v; want a refusal for at most 100 ms (a third of the gap, before any round trip was measured)", res, err)
 	}
-	// The other process of the region finds the refill claimed (or, if
-	// it came back already, takes from it).
-	res, err = b.Lease(ctx, tierReq(10))
-	if err != nil {
-		t.Fatal(err)
-	}
-	granted := res.Granted
 	eventually(t, "refill", func() bool { return a.Stats().Refills == 1 })
 	if got := w.link.calls.Load(); got != 1 {
 		t.Fatalf("%d parent leases for one region's first demand, want 1", got)
@@ -208,6 +203,7 @@ func TestTieredLeasesOnlyWhatTheParentGranted(t *testing.T) {
 	if lvl := w.parentLevel(t); lvl != 100-50 {
 		t.Fatalf("parent level %d after the first batch, want 50", lvl)
 	}
+	granted := int64(0)
 	for {
 		res, err := b.Lease(ctx, tierReq(5))
 		if err != nil {

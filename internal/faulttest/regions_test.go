@@ -211,23 +211,30 @@ func TestRegionsShareOneGlobalLimit(t *testing.T) {
 	var leased, every []time.Duration
 	var byRegion [regionsN]int
 	for r, ds := range all {
-		n := 0
+		n, degraded := 0, 0
+		first := time.Duration(-1)
 		for _, x := range ds {
 			every = append(every, x.took)
 			if x.allowed {
 				n++
+				if first < 0 || x.at < first {
+					first = x.at
+				}
 			}
 			if x.source == hybrid.SourceLease {
 				leased = append(leased, x.took)
 			}
 			if x.source == hybrid.SourceDegraded {
-				t.Errorf("region %d: a degraded decision in healthy mode", r)
-				break
+				degraded++
 			}
+		}
+		if degraded > 0 {
+			t.Errorf("region %d: %d degraded decisions in healthy mode", r, degraded)
 		}
 		byRegion[r] = n
 		calls := float64(after[r]-before[r]) / elapsed.Seconds()
-		t.Logf("region %d: %d admitted of %d offered; %.2f parent calls/s", r, n, len(ds), calls)
+		t.Logf("region %d: %d admitted of %d offered, the first %v into the run; %.2f parent calls/s",
+			r, n, len(ds), first.Round(time.Millisecond), calls)
 		if calls > 5 {
 			t.Errorf("region %d: %.2f parent calls per second, want ≤ 5", r, calls)
 		}
