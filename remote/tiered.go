@@ -115,8 +115,9 @@ type tieredOptionFunc func(*tieredConfig)
 func (f tieredOptionFunc) apply(c *tieredConfig) { f(c) }
 
 // WithRefillGap sets the least time between two refills of one pool (by
-// any process of the region), which bounds the calls a region makes to
-// the parent per bucket. The default is 300 ms.
+// any process of the region; each gap is drawn from [d, 1.25·d]), which
+// bounds the calls a region makes to the parent per bucket. The default is
+// 300 ms.
 func WithRefillGap(d time.Duration) TieredOption {
 	return tieredOptionFunc(func(c *tieredConfig) { c.gap = d })
 }
@@ -283,12 +284,13 @@ func (t *Tiered) Lease(ctx context.Context, r Request) (Result, error) {
 		return Result{}, err
 	}
 	key := PoolKey(r.Prefix, r.Policy, r.Tier, r.Key)
-	// The gap is jittered by ±25%: regions that found the parent empty
+	// The gap is jittered up to +25%: regions that found the parent empty
 	// would otherwise keep the same order, and the one right after a
-	// refill of the parent would keep getting the most.
+	// refill of the parent would keep getting the most. Never shorter, so
+	// that the gap bounds the calls a region makes.
 	gap := t.cfg.gap.Microseconds()
 	t.mu.Lock()
-	gap += t.rng.Int64N(gap/2+1) - gap/4
+	gap += t.rng.Int64N(gap/4 + 1)
 	t.mu.Unlock()
 	args := [7]int64{r.N, max(r.Need, 1), -1, 1, gap, t.cfg.lead.Microseconds(), int64(r.Version)}
 	if _, ok := windowHold(&r); ok {

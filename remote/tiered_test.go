@@ -528,3 +528,46 @@ func TestTieredOnRealRedis(t *testing.T) {
 		t.Fatalf("world key holding a string: %v, want ErrCorruptState", err)
 	}
 }
+
+// TestTieredNests: a region leasing from a continent that leases from the
+// world (refills inline, so the run replays exactly). Tokens flow down both
+// tiers, and the region grants no more than the world's bucket did.
+func TestTieredNests(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := newTierWorld(t)
+	inline := WithSpawn(func(run func()) { run() })
+	continent, err := NewTiered("europe", NewMemory(w.clk), w.link, WithTieredClock(w.clk), inline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer continent.Close()
+	region, err := NewTiered("eu-west", NewMemory(w.clk), continent, WithTieredClock(w.clk), inline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	ctx := context.Background()
+	granted, grants := int64(0), 0
+	for range 80 { // 8 s
+		res, err := region.Lease(ctx, tierReq(5))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Granted > 0 {
+			granted += res.Granted
+			grants++
+		}
+		w.clk.Advance(100 * time.Millisecond)
+	}
+	// The world's bucket granted at most its Burst and 8 s of refill.
+	if grants < 40 || granted > 100+800 {
+		t.Fatalf("%d grants, %d tokens through two tiers in 8 s; want most calls served, at most 900 tokens", grants, granted)
+	}
+	if c, r := continent.Stats(), region.Stats(); c.Refills == 0 || r.Refills == 0 {
+		t.Fatalf("refills: continent %+v, region %+v", c, r)
+	}
+	n, err := region.Heartbeat(ctx, "", "p", "a", 3*time.Second)
+	if err != nil || n != 1 {
+		t.Fatalf("heartbeat through two tiers: %d, %v", n, err)
+	}
+}
