@@ -84,7 +84,7 @@ type Tiered struct {
 	rng    *rand.Rand             // guarded by mu
 
 	parentCalls, refills, failures, givenBack atomic.Int64
-	rtt                                      atomic.Int64 // µs of the last refill's round trip
+	rtt                                       atomic.Int64 // µs of the last refill's round trip
 }
 
 // TieredStats counts a Tiered store's work since it was created.
