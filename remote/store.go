@@ -5,6 +5,11 @@
 // runs the same integer arithmetic in Go over a clock.Clock, for the
 // simulator, tests and single-process use.
 //
+// Tiered is a Store for one region of a fleet that spans several: it
+// answers from the region's own store and refills from a parent store (the
+// world's) in the background, so one global limit holds across regions
+// while no decision waits for the parent.
+//
 // The store knows nothing of how leased tokens are spent; that is the hybrid
 // layer's job.
 package remote
