@@ -37,7 +37,9 @@ type poolState struct {
 //	       claim the refill if none is in flight and the pool holds less
 //	       than d, or than the demand since the last refill over f
 //	put    a n, b exp, c version, d parent remaining, e parent reset µs:
-//	       deposit a refill from the parent; the parent is up
+//	       deposit a refill from the parent; the parent is up. Tokens
+//	       held from an older version are taken out (granted) for the
+//	       caller to give back
 //	fail   the parent failed: takes report it until a put
 //	give   a n: tokens a process gave back
 //	drain  take everything if exp has passed (to give back to the parent)
@@ -99,6 +101,11 @@ func applyPool(st poolState, op poolOp, a [7]int64, now int64) (poolState, poolR
 			st.claim, claimed = now+a[4], true
 		}
 	case poolPut:
+		if uint64(a[2]) > st.ver && st.ver != 0 && st.level > 0 {
+			// Tokens of an older policy version: the caller gives them
+			// back to the parent, which rescaled its bucket without them.
+			granted, st.level = st.level, 0
+		}
 		switch {
 		case a[4] >= 0, st.level <= 0, st.exp <= now:
 			st.exp = a[1]
@@ -179,6 +186,10 @@ if op == 'take' then
   end
   if s.level < low and now >= s.claim then s.claim = now + e; claimed = 1 end
 elseif op == 'put' then
+  if c > s.ver and s.ver ~= 0 and s.level > 0 then
+    granted = s.level
+    s.level = 0
+  end
   if e >= 0 or s.level <= 0 or s.exp <= now then
     s.exp = b
   elseif b < s.exp then

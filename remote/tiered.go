@@ -95,7 +95,8 @@ type TieredStats struct {
 	// Refills is the refills that granted tokens; Failures the parent
 	// calls that failed.
 	Refills, Failures int64
-	// GivenBack is tokens of idle pools given back to the parent.
+	// GivenBack is tokens given back to the parent: of idle pools, and
+	// of pools that held tokens of an older policy version.
 	GivenBack int64
 }
 
@@ -397,8 +398,14 @@ func (t *Tiered) refill(r Request, key string, rep poolReply) {
 		// read before the call, so the pool's tokens are spent in time.
 		exp, reset = rep.now+(hold-r.Hold).Microseconds(), -1
 	}
-	if _, err := t.local.pool(ctx, key, poolPut, [7]int64{res.Granted, exp, int64(res.Version), res.Remaining, reset}); err != nil {
+	put, err := t.local.pool(ctx, key, poolPut, [7]int64{res.Granted, exp, int64(res.Version), res.Remaining, reset})
+	if err != nil {
 		return // the batch is lost to everyone: never spent twice
+	}
+	if put.granted > 0 && !window {
+		// The policy changed: what the pool held under the old one goes
+		// back, as a limiter gives back its leases (a window's lapse).
+		t.returnToParent(ctx, r, key, put.granted)
 	}
 	if res.Granted > 0 {
 		t.refills.Add(1)
@@ -438,16 +445,22 @@ func (t *Tiered) giveBack(r Request, key string) {
 	if err != nil || rep.granted <= 0 {
 		return
 	}
+	t.returnToParent(ctx, r, key, rep.granted)
+}
+
+// returnToParent gives n tokens taken out of the pool at key back to the
+// parent, or to the pool if the parent does not take them.
+func (t *Tiered) returnToParent(ctx context.Context, r Request, key string, n int64) {
 	pr := r
-	pr.N, pr.Min, pr.Need, pr.MaxDelay = rep.granted, 0, 0, 0
+	pr.N, pr.Min, pr.Need, pr.MaxDelay = n, 0, 0, 0
 	t.parentCalls.Add(1)
 	if _, err := t.parent.Return(ctx, pr); err != nil {
 		t.failures.Add(1)
 		// Back into the pool, for the region or the next give-back.
-		_, _ = t.local.pool(ctx, key, poolGive, [7]int64{rep.granted})
+		_, _ = t.local.pool(ctx, key, poolGive, [7]int64{n})
 		return
 	}
-	t.givenBack.Add(rep.granted)
+	t.givenBack.Add(n)
 }
 
 // Return implements Store: tokens go back to the region's pool. A window's

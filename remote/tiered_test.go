@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -569,5 +570,68 @@ func TestTieredNests(t *testing.T) {
 	n, err := region.Heartbeat(ctx, "", "p", "a", 3*time.Second)
 	if err != nil || n != 1 {
 		t.Fatalf("heartbeat through two tiers: %d, %v", n, err)
+	}
+}
+
+// TestTieredRegionStoreDown: a region whose own Redis is gone fails its
+// calls as any store outage (the limiters fall back to their shares), and
+// tells it apart from a parent that is down.
+func TestTieredRegionStoreDown(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := newTierWorld(t)
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	defer c.Close()
+	ts, err := NewTiered("eu", NewRedis(c), w.link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ts.Close()
+	ctx := context.Background()
+	if _, err := ts.Lease(ctx, tierReq(1)); err != nil {
+		t.Fatal(err)
+	}
+	mr.Close()
+	for name, call := range map[string]func() error{
+		"lease":     func() error { _, err := ts.Lease(ctx, tierReq(1)); return err },
+		"return":    func() error { _, err := ts.Return(ctx, tierReq(1)); return err },
+		"heartbeat": func() error { _, err := ts.Heartbeat(ctx, "", "p", "a", time.Second); return err },
+		"policy":    func() error { _, _, err := ts.GetPolicy(ctx, "", "p"); return err },
+	} {
+		err := call()
+		if !errors.Is(err, ErrUnavailable) {
+			t.Errorf("%s with the region's Redis gone: %v, want ErrUnavailable", name, err)
+		}
+		if strings.Contains(fmt.Sprint(err), "parent") {
+			t.Errorf("%s: %v blames the parent", name, err)
+		}
+	}
+}
+
+// TestTieredOldVersionTokensGoBack: when a refill finds the policy changed
+// at the parent, what the pool still held under the old version goes back
+// to the parent, as a limiter gives back its leases on a change.
+func TestTieredOldVersionTokensGoBack(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := newTierWorld(t)
+	eu, us := w.region(t, "eu", nil), w.region(t, "us", nil)
+	ctx := context.Background()
+	v1 := tierReq(45)
+	_, _ = us.Lease(ctx, v1)
+	eventually(t, "us refill at v1", func() bool { return us.Stats().Refills == 1 })
+	if res, err := us.Lease(ctx, v1); err != nil || res.Granted != 45 {
+		t.Fatalf("lease at v1 = %+v, %v", res, err) // 5 of the batch of 50 stay in the pool
+	}
+	v2 := v1
+	v2.Version, v2.N = 2, 1
+	_, _ = eu.Lease(ctx, v2) // the parent's bucket moves to version 2
+	eventually(t, "eu refill at v2", func() bool { return eu.Stats().Refills == 1 })
+
+	w.clk.Advance(400 * time.Millisecond)
+	v1.N = 1
+	_, _ = us.Lease(ctx, v1) // below low water: us refills, and meets v2
+	eventually(t, "old tokens back", func() bool { return us.Stats().GivenBack == 4 })
+	if res, err := us.Lease(ctx, v1); err != nil || !res.Stale || res.Version != 2 {
+		t.Fatalf("lease at v1 after the refill = %+v, %v; want Stale at v2", res, err)
 	}
 }

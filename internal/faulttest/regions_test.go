@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,8 +25,9 @@ import (
 // limiters, leasing from one parent Redis through a toxiproxy link per
 // region that adds latency each way.
 type globe struct {
-	proxies []*toxiproxy.Proxy
-	members []*member
+	proxies   []*toxiproxy.Proxy
+	members   []*member
+	regionals []*redis.Client // one client per region's Redis, for its counters
 }
 
 type member struct {
@@ -70,6 +72,7 @@ func newGlobe(t *testing.T, policy hybrid.Policy, oneWay time.Duration) *globe {
 		}
 		g.proxies = append(g.proxies, proxy)
 		regional := redistest.NewServer(t)
+		g.regionals = append(g.regionals, regional.Client(t))
 		for i := range limitersPer {
 			pc := redis.NewClient(&redis.Options{Addr: proxy.Listen, ContextTimeoutEnabled: true, MaxRetries: -1})
 			rc := regional.Client(t)
@@ -180,6 +183,23 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	return ds[min(len(ds)-1, int(p*float64(len(ds))))]
 }
 
+// regionCommands returns the commands each region's Redis has served.
+func regionCommands(t *testing.T, g *globe) [regionsN]int64 {
+	var out [regionsN]int64
+	for r, c := range g.regionals {
+		info, err := c.Info(context.Background(), "stats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
+				out[r], _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+	}
+	return out
+}
+
 func parentCallsByRegion(g *globe) [regionsN]int64 {
 	var calls [regionsN]int64
 	for _, m := range g.members {
@@ -199,10 +219,10 @@ func TestRegionsShareOneGlobalLimit(t *testing.T) {
 	g := newGlobe(t, policy, 50*time.Millisecond)
 	const d = 20 * time.Second
 	perLimiter := int(2 * lim.Rate / (regionsN * limitersPer))
-	before := parentCallsByRegion(g)
+	before, cmdsBefore := parentCallsByRegion(g), regionCommands(t, g)
 	start, all := g.run(t, "tenant", perLimiter, d)
 	elapsed := time.Since(start)
-	after := parentCallsByRegion(g)
+	after, cmdsAfter := parentCallsByRegion(g), regionCommands(t, g)
 
 	at := admittedTimes(all)
 	over := worstOver(at, lim)
@@ -233,8 +253,8 @@ func TestRegionsShareOneGlobalLimit(t *testing.T) {
 		}
 		byRegion[r] = n
 		calls := float64(after[r]-before[r]) / elapsed.Seconds()
-		t.Logf("region %d: %d admitted of %d offered, the first %v into the run; %.2f parent calls/s",
-			r, n, len(ds), first.Round(time.Millisecond), calls)
+		t.Logf("region %d: %d admitted of %d offered, the first %v into the run; %.2f parent calls/s, %.1f commands/s on its own Redis",
+			r, n, len(ds), first.Round(time.Millisecond), calls, float64(cmdsAfter[r]-cmdsBefore[r])/elapsed.Seconds())
 		if calls > 5 {
 			t.Errorf("region %d: %.2f parent calls per second, want ≤ 5", r, calls)
 		}
