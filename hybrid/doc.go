@@ -22,4 +22,9 @@
 //
 // When the store fails or is slower than the store timeout, decisions fall
 // back to the configured OutageMode instead of returning errors.
+//
+// A fleet that spans regions passes each region's limiters a
+// remote.Tiered store: it answers from the region's own Redis and refills
+// from the world's in the background, so one limit holds across regions
+// and no decision waits for another region (see ExampleNew_regions).
 package hybrid
