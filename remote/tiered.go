@@ -293,7 +293,11 @@ func (t *Tiered) Lease(ctx context.Context, r Request) (Result, error) {
 	t.mu.Lock()
 	gap += t.rng.Int64N(gap/4 + 1)
 	t.mu.Unlock()
-	args := [7]int64{r.N, max(r.Need, 1), -1, 1, gap, t.cfg.lead.Microseconds(), int64(r.Version)}
+	// Refill early enough that the batch lands before the pool is dry:
+	// half the horizon of demand ahead, or a round trip's worth if the
+	// parent is farther than that.
+	lead := max(t.cfg.lead.Microseconds(), t.rtt.Load())
+	args := [7]int64{r.N, max(r.Need, 1), -1, 1, gap, lead, int64(r.Version)}
 	if _, ok := windowHold(&r); ok {
 		// Window tokens lapse; a lease is refilled when dry, not before.
 		args[2], args[5] = r.Hold.Microseconds(), 0
@@ -338,8 +342,8 @@ func (t *Tiered) parentDown(key string, rep poolReply) error {
 }
 
 // want is the batch a refill asks the parent for: the region's demand
-// since the last refill over the horizon, at least n and the rate over two
-// gaps, at most cap.
+// since the last refill over the horizon (or two round trips, if longer),
+// at least n and the rate over two gaps, at most cap.
 func (t *Tiered) want(r *Request, rep poolReply) int64 {
 	lim := r.Limit
 	for _, l := range r.Also {
@@ -347,14 +351,17 @@ func (t *Tiered) want(r *Request, rep poolReply) int64 {
 			lim = l
 		}
 	}
-	capN := max(lim.Burst/2, rateOver(lim, t.cfg.horizon))
+	// A batch lasts the horizon, or two round trips to a parent farther
+	// than that, so that the next one is back before it runs out.
+	horizon := max(t.cfg.horizon, 2*time.Duration(t.rtt.Load())*time.Microsecond)
+	capN := max(lim.Burst/2, rateOver(lim, horizon))
 	capN = max(min(capN, lim.Burst), 1)
 	// At least the whole rate over two gaps: a region refused while its
 	// pool was dry shows little of its demand (its limiters wait out the
 	// refusal), and a slow limit would otherwise refill a token at a time.
 	n := max(r.N, 1, rateOver(lim, 2*t.cfg.gap))
 	if elapsed := rep.now - rep.st.at; rep.st.at > 0 && elapsed > 0 {
-		n = max(n, rep.st.used*t.cfg.horizon.Microseconds()/elapsed)
+		n = max(n, rep.st.used*horizon.Microseconds()/elapsed)
 	} else {
 		n = max(n, capN/4) // no demand seen yet
 	}

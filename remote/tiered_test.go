@@ -635,3 +635,44 @@ func TestTieredOldVersionTokensGoBack(t *testing.T) {
 		t.Fatalf("lease at v1 after the refill = %+v, %v; want Stale at v2", res, err)
 	}
 }
+
+// TestTieredBatchSize: a refill asks for the region's demand over the
+// horizon (or two round trips to a far parent), at least the rate over two
+// gaps, at most half the Burst or the horizon's rate.
+func TestTieredBatchSize(t *testing.T) {
+	w := newTierWorld(t)
+	ts := w.region(t, "eu", nil)
+	fast := local.Limit{Rate: 1000, Period: time.Second, Burst: 2000}
+	slow := local.Limit{Rate: 10, Period: time.Second, Burst: 10}
+	for _, tc := range []struct {
+		name      string
+		lim       local.Limit
+		also      []local.Limit
+		n         int64
+		used, dt  int64 // tokens taken since the last refill, over µs (dt 0: no refill yet)
+		rttMicros int64
+		want      int64
+	}{
+		{"no demand seen: at least two gaps of the rate", fast, nil, 1, 0, 0, 100_000, 600},
+		{"demand over the horizon", fast, nil, 1, 300, 200_000, 100_000, 750},
+		{"capped at half the burst", fast, nil, 1, 5000, 200_000, 100_000, 1000},
+		{"a far parent: two round trips of demand", fast, nil, 1, 150, 200_000, 600_000, 900},
+		{"a far parent: the cap grows to two round trips of rate", fast, nil, 1, 5000, 200_000, 600_000, 1200},
+		{"slow limit: half its burst", slow, nil, 1, 0, 0, 100_000, 5},
+		{"the tightest of several limits", fast, []local.Limit{slow}, 1, 300, 200_000, 100_000, 5},
+		{"a large request", fast, nil, 900, 0, 0, 100_000, 900},
+		{"the cap wins over the request", slow, nil, 9, 0, 0, 100_000, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts.rtt.Store(tc.rttMicros)
+			r := Request{Limit: tc.lim, Also: tc.also, N: tc.n}
+			rep := poolReply{now: 1_000_000 + tc.dt, st: poolState{used: tc.used}}
+			if tc.dt > 0 {
+				rep.st.at = 1_000_000
+			}
+			if got := ts.want(&r, rep); got != tc.want {
+				t.Fatalf("want = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
