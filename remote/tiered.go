@@ -68,6 +68,10 @@ var (
 // round trips to the parent get few tokens. Windows' tokens are never
 // given back. No grant is future-dated (Request.MaxDelay is ignored).
 //
+// A Result from Tiered is the pool's: Remaining is what the pool holds
+// plus what the parent's bucket held at the last refill, ResetAfter the
+// parent's time to full as of that refill, and Created is never set.
+//
 // Close the store after the limiters that use it.
 type Tiered struct {
 	region string
