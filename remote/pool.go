@@ -23,7 +23,7 @@ type poolState struct {
 	down  int64  // µs when the parent last failed; 0 once it answers again
 	ver   uint64 // the parent bucket's policy version at the last refill
 	rem   int64  // the parent bucket's Remaining at the last refill
-	full  int64  // µs when the parent bucket would be full, as of the last refill
+	full  int64  // µs when the parent bucket would be full, as of the last refill; window pools: the parent's µs of the grant held (0: mixed)
 	used  int64  // tokens taken since the last refill
 	at    int64  // µs of the last refill
 }
@@ -36,13 +36,20 @@ type poolState struct {
 //	       is at a newer version, grant n, else all if at least need; then
 //	       claim the refill if none is in flight and the pool holds less
 //	       than d, or than the demand since the last refill over f
-//	put    a n, b exp, c version, d parent remaining, e parent reset µs:
-//	       deposit a refill from the parent; the parent is up. Tokens
-//	       held from an older version are taken out (granted) for the
-//	       caller to give back
+//	put    a n, b exp, c version, d parent remaining, e parent reset µs
+//	       (-1 for a window pool), f (window) the parent's µs of the grant:
+//	       deposit a refill from the parent; the parent is up. A bucket
+//	       pool's tokens of an older version are taken out (granted) for
+//	       the caller to give back. A window pool holds one grant at a
+//	       time, with f (its Since) in full: what is left of the one held,
+//	       lapsed or not, is taken out (granted, since) for the caller to
+//	       give back, so lapsed tokens never come back to life
 //	fail   the parent failed: takes report it until a put
-//	give   a n: tokens a process gave back
-//	drain  take everything if exp has passed (to give back to the parent)
+//	give   a n, b since: tokens a process gave back; for a window pool
+//	       (b, the µs of the take they came from, not 0) only if they came
+//	       from the batch it holds and it has not lapsed
+//	drain  take everything if exp has passed (to give back to the parent;
+//	       full says, for a window pool, since when)
 //	beat   a claim length µs: claim the region beat if none is in flight
 //	weigh  a the world's weight a beat read, b the region's own weight it
 //	       reported (kept in rem); the parent is up (fail marks it down)
@@ -65,6 +72,7 @@ const poolTTL = 10 * time.Minute
 // poolReply is the record after an operation, and what it granted.
 type poolReply struct {
 	granted int64
+	since   int64 // for a window pool's tokens put or drain took out: the parent's µs of their grant
 	claimed bool
 	now     int64 // µs of the region store's clock
 	st      poolState
@@ -73,20 +81,22 @@ type poolReply struct {
 // applyPool runs op on the record at store time now (µs); it mirrors
 // poolLua step for step.
 func applyPool(st poolState, op poolOp, a [7]int64, now int64) (poolState, poolReply) {
-	var granted int64
+	var granted, since int64
 	claimed := false
 	switch op {
 	case poolTake:
+		usable := st.level
 		if a[2] >= 0 && now+a[2] > st.exp {
-			st.level = 0 // window tokens that could be spent too late
+			usable = 0 // window tokens that could be spent too late: the drain gives them back
 		}
 		switch {
 		case uint64(a[6]) < st.ver:
-		case st.level >= a[0]:
+		case usable >= a[0]:
 			granted = a[0]
-		case st.level >= max(a[1], 1):
-			granted = st.level
+		case usable >= max(a[1], 1):
+			granted = usable
 		}
+		usable -= granted
 		st.level -= granted
 		if granted > 0 {
 			st.used += granted
@@ -97,34 +107,47 @@ func applyPool(st poolState, op poolOp, a [7]int64, now int64) (poolState, poolR
 		if st.at > 0 && now > st.at {
 			low = max(low, cdiv(st.used*a[5], now-st.at))
 		}
-		if st.level < low && now >= st.claim {
+		if usable < low && now >= st.claim {
 			st.claim, claimed = now+a[4], true
 		}
 	case poolPut:
+		window := a[4] < 0
 		if uint64(a[2]) > st.ver && st.ver != 0 && st.level > 0 {
-			// Tokens of an older policy version: the caller gives them
-			// back to the parent, which rescaled its bucket without them.
-			granted, st.level = st.level, 0
+			// Tokens of an older policy version: a bucket pool's go back
+			// to the parent, which rescaled its bucket without them; a
+			// window pool's lapse.
+			if !window {
+				granted = st.level
+			}
+			st.level = 0
 		}
 		switch {
-		case a[4] >= 0, st.level <= 0, st.exp <= now:
-			st.exp = a[1]
-		case a[1] < st.exp:
-			st.exp = a[1] // window tokens: the pool lapses with its oldest
+		case !window:
+			st.exp, st.full = a[1], now+a[4]
+		case a[0] == 0: // nothing came: the batch held stays as it is
+		default:
+			// One batch at a time, so that a give-back has one Since:
+			// what is left of the one held, lapsed or not, goes back now
+			// (and never comes back to life).
+			if st.level > 0 {
+				granted, since = st.level, st.full
+			}
+			st.level, st.exp, st.full = 0, a[1], a[5]
 		}
 		st.level += a[0]
 		st.down = 0
 		st.ver = max(st.ver, uint64(a[2]))
 		st.rem = a[3]
-		st.full = now + max(a[4], 0)
 		st.used, st.at = 0, now
 	case poolFail:
 		st.down = now
 	case poolGive:
-		st.level += a[0]
+		if a[1] == 0 || (a[1] >= st.at && now < st.exp) {
+			st.level += a[0]
+		}
 	case poolDrain:
 		if st.exp > 0 && now >= st.exp {
-			granted, st.level = st.level, 0
+			granted, since, st.level = st.level, st.full, 0
 		}
 	case poolBeat:
 		if now >= st.claim {
@@ -133,13 +156,13 @@ func applyPool(st poolState, op poolOp, a [7]int64, now int64) (poolState, poolR
 	case poolWeigh:
 		st.level, st.rem, st.down = a[0], a[1], 0
 	}
-	return st, poolReply{granted: granted, claimed: claimed, now: now, st: st}
+	return st, poolReply{granted: granted, since: since, claimed: claimed, now: now, st: st}
 }
 
 // poolLua is applyPool in Redis. KEYS[1] the pool key; ARGV[1] op,
 // ARGV[2..8] a..g, ARGV[9] the key's TTL in ms. State, a string:
 // "Q level exp claim down ver rem full used at". Reply: {granted, claimed,
-// now, level, exp, claim, down, ver, rem, full, used, at}.
+// now, level, exp, claim, down, ver, rem, full, used, at, since}.
 //
 // put's e is the parent's reset µs for a bucket pool and -1 for a window
 // pool, whose tokens lapse with the oldest deposit still held.
@@ -169,46 +192,51 @@ end
 local op = ARGV[1]
 local a, b, c, d, e = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local f, g = tonumber(ARGV[7]), tonumber(ARGV[8])
-local granted, claimed = 0, 0
+local granted, claimed, since = 0, 0, 0
 if op == 'take' then
-  if c >= 0 and now + c > s.exp then s.level = 0 end
+  local usable = s.level
+  if c >= 0 and now + c > s.exp then usable = 0 end
   local need = b
   if need < 1 then need = 1 end
   if g < s.ver then
-  elseif s.level >= a then granted = a
-  elseif s.level >= need then granted = s.level end
+  elseif usable >= a then granted = a
+  elseif usable >= need then granted = usable end
   s.level = s.level - granted
+  usable = usable - granted
   if granted > 0 then s.used = s.used + granted else s.used = s.used + a end
   local low = d
   if s.at > 0 and now > s.at then
     local q = cdiv(s.used * f, now - s.at)
     if q > low then low = q end
   end
-  if s.level < low and now >= s.claim then s.claim = now + e; claimed = 1 end
+  if usable < low and now >= s.claim then s.claim = now + e; claimed = 1 end
 elseif op == 'put' then
   if c > s.ver and s.ver ~= 0 and s.level > 0 then
-    granted = s.level
+    if e >= 0 then granted = s.level end
     s.level = 0
   end
-  if e >= 0 or s.level <= 0 or s.exp <= now then
+  if e >= 0 then
     s.exp = b
-  elseif b < s.exp then
+    s.full = now + e
+  elseif a == 0 then
+  else
+    if s.level > 0 then granted = s.level; since = s.full end
+    s.level = 0
     s.exp = b
+    s.full = f
   end
   s.level = s.level + a
   s.down = 0
   if c > s.ver then s.ver = c end
   s.rem = d
-  if e < 0 then e = 0 end
-  s.full = now + e
   s.used = 0
   s.at = now
 elseif op == 'fail' then
   s.down = now
 elseif op == 'give' then
-  s.level = s.level + a
+  if b == 0 or (b >= s.at and now < s.exp) then s.level = s.level + a end
 elseif op == 'drain' then
-  if s.exp > 0 and now >= s.exp then granted = s.level; s.level = 0 end
+  if s.exp > 0 and now >= s.exp then granted = s.level; since = s.full; s.level = 0 end
 elseif op == 'beat' then
   if now >= s.claim then s.claim = now + a; claimed = 1 end
 elseif op == 'weigh' then
@@ -220,7 +248,7 @@ else
 end
 redis.call('SET', KEYS[1], string.format('Q %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f',
   s.level, s.exp, s.claim, s.down, s.ver, s.rem, s.full, s.used, s.at), 'PX', ARGV[9])
-return {granted, claimed, now, s.level, s.exp, s.claim, s.down, s.ver, s.rem, s.full, s.used, s.at}
+return {granted, claimed, now, s.level, s.exp, s.claim, s.down, s.ver, s.rem, s.full, s.used, s.at, since}
 `
 
 var poolScript = redis.NewScript(poolLua)
@@ -253,10 +281,10 @@ func (s *RedisStore) pool(ctx context.Context, key string, op poolOp, a [7]int64
 	if err != nil {
 		return poolReply{}, s.failed(key, err)
 	}
-	if len(v) != 12 {
+	if len(v) != 13 {
 		return poolReply{}, fmt.Errorf("remote: pool %q: %w: reply of %d fields", key, ErrCorruptState, len(v))
 	}
-	return poolReply{granted: v[0], claimed: v[1] == 1, now: v[2], st: poolState{
+	return poolReply{granted: v[0], since: v[12], claimed: v[1] == 1, now: v[2], st: poolState{
 		level: v[3], exp: v[4], claim: v[5], down: v[6], ver: uint64(v[7]), rem: v[8], full: v[9], used: v[10], at: v[11],
 	}}, nil
 }

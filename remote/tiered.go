@@ -64,9 +64,12 @@ var (
 //
 // Sliding windows: the parent counts a batch's tokens Period/10 after the
 // refill, so pool tokens lapse unspent after Period/10 minus the process
-// hold and minus the trip to the parent; windows shorter than about ten
-// round trips to the parent get few tokens. Windows' tokens are never
-// given back. No grant is future-dated (Request.MaxDelay is ignored).
+// hold and minus the trip to the parent (and a batch is sized to what the
+// region spends in that time); what lapses goes back to the parent's
+// window. Windows shorter than about ten round trips to the parent get few
+// tokens. Tokens a process gives back go back into the window pool's batch
+// they came from, if it still holds it. No grant is future-dated
+// (Request.MaxDelay is ignored).
 //
 // A Result from Tiered is the pool's: Remaining is what the pool holds
 // plus what the parent's bucket held at the last refill, ResetAfter the
@@ -87,8 +90,8 @@ type Tiered struct {
 	drains map[string]clock.Timer // pool key -> its give-back timer
 	rng    *rand.Rand             // guarded by mu
 
-	parentCalls, refills, failures, givenBack atomic.Int64
-	rtt                                       atomic.Int64 // µs of the last refill's round trip
+	parentCalls, refills, failures, givenBack, leased atomic.Int64
+	rtt                                               atomic.Int64 // µs of the last refill's round trip
 }
 
 // TieredStats counts a Tiered store's work since it was created.
@@ -99,9 +102,10 @@ type TieredStats struct {
 	// Refills is the refills that granted tokens; Failures the parent
 	// calls that failed.
 	Refills, Failures int64
-	// GivenBack is tokens given back to the parent: of idle pools, and
-	// of pools that held tokens of an older policy version.
-	GivenBack int64
+	// Leased is tokens the parent granted to refills; GivenBack tokens
+	// given back to it: of idle or lapsed pools, and of pools that held
+	// tokens of an older policy version.
+	Leased, GivenBack int64
 }
 
 // TieredOption configures a Tiered store.
@@ -222,7 +226,7 @@ func (t *Tiered) Region() string { return t.region }
 // Stats returns the store's counters.
 func (t *Tiered) Stats() TieredStats {
 	return TieredStats{ParentCalls: t.parentCalls.Load(), Refills: t.refills.Load(),
-		Failures: t.failures.Load(), GivenBack: t.givenBack.Load()}
+		Failures: t.failures.Load(), Leased: t.leased.Load(), GivenBack: t.givenBack.Load()}
 }
 
 // Close stops the store's timers and waits for its calls to the parent in
@@ -357,7 +361,13 @@ func (t *Tiered) want(r *Request, rep poolReply) int64 {
 	}
 	// A batch lasts the horizon, or two round trips to a parent farther
 	// than that, so that the next one is back before it runs out.
-	horizon := max(t.cfg.horizon, 2*time.Duration(t.rtt.Load())*time.Microsecond)
+	rtt := time.Duration(t.rtt.Load()) * time.Microsecond
+	horizon := max(t.cfg.horizon, 2*rtt)
+	if hold, ok := windowHold(r); ok {
+		// A window's batch lapses: no more than can be spent in the time
+		// it may be handed out once it lands.
+		horizon = min(horizon, max(hold-2*r.Hold-rtt, t.cfg.gap))
+	}
 	capN := max(lim.Burst/2, rateOver(lim, horizon))
 	capN = max(min(capN, lim.Burst), 1)
 	// At least the whole rate over two gaps: a region refused while its
@@ -403,32 +413,39 @@ func (t *Tiered) refill(r Request, key string, rep poolReply) {
 		t.copyPolicy(ctx, r.Prefix, r.Policy)
 	}
 	exp := rep.now + t.cfg.poolTTL.Microseconds()
-	reset := res.ResetAfter.Microseconds()
+	reset, since := res.ResetAfter.Microseconds(), int64(0)
 	if window {
 		// The parent counts the batch at its own now + hold; rep.now was
 		// read before the call, so the pool's tokens are spent in time.
-		exp, reset = rep.now+(hold-r.Hold).Microseconds(), -1
+		exp, reset, since = rep.now+(hold-r.Hold).Microseconds(), -1, res.Now.UnixMicro()
 	}
-	put, err := t.local.pool(ctx, key, poolPut, [7]int64{res.Granted, exp, int64(res.Version), res.Remaining, reset})
+	put, err := t.local.pool(ctx, key, poolPut, [7]int64{res.Granted, exp, int64(res.Version), res.Remaining, reset, since})
 	if err != nil {
 		return // the batch is lost to everyone: never spent twice
 	}
-	if put.granted > 0 && !window {
-		// The policy changed: what the pool held under the old one goes
-		// back, as a limiter gives back its leases (a window's lapse).
-		t.returnToParent(ctx, r, key, put.granted)
+	if put.granted > 0 {
+		// A bucket pool's tokens of an older policy version go back, as
+		// a limiter gives back its leases; so does what is left of a
+		// window pool's previous batch, from the sub-window of its grant.
+		t.returnToParent(ctx, r, key, put.granted, put.since)
 	}
 	if res.Granted > 0 {
 		t.refills.Add(1)
-		if !window {
-			t.giveBackAfter(r, key)
+		t.leased.Add(res.Granted)
+		// A bucket pool goes back once no refill extended it for the pool
+		// TTL; a window pool once its tokens lapse, so that the parent's
+		// window counts no token that was never spent.
+		after := t.cfg.poolTTL
+		if window {
+			after = time.Duration(put.st.exp-put.now) * time.Microsecond
 		}
+		t.giveBackAfter(r, key, after)
 	}
 }
 
-// giveBackAfter gives the pool at key back to the parent one pool TTL
-// from now, unless a later refill has extended it by then.
-func (t *Tiered) giveBackAfter(r Request, key string) {
+// giveBackAfter gives the pool at key back to the parent after d, unless a
+// later refill has extended it by then.
+func (t *Tiered) giveBackAfter(r Request, key string, d time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -438,7 +455,7 @@ func (t *Tiered) giveBackAfter(r Request, key string) {
 		tm.Stop()
 	}
 	var tm clock.Timer
-	tm = t.cfg.clk.AfterFunc(t.cfg.poolTTL+time.Millisecond, func() {
+	tm = t.cfg.clk.AfterFunc(max(d, 0)+time.Millisecond, func() {
 		t.mu.Lock()
 		if t.drains[key] == tm {
 			delete(t.drains, key)
@@ -456,35 +473,51 @@ func (t *Tiered) giveBack(r Request, key string) {
 	if err != nil || rep.granted <= 0 {
 		return
 	}
-	t.returnToParent(ctx, r, key, rep.granted)
+	t.returnToParent(ctx, r, key, rep.granted, rep.since)
 }
 
 // returnToParent gives n tokens taken out of the pool at key back to the
-// parent, or to the pool if the parent does not take them.
-func (t *Tiered) returnToParent(ctx context.Context, r Request, key string, n int64) {
+// parent (a window's from the grant at since, the parent's µs), or to a
+// bucket pool if the parent does not take them.
+func (t *Tiered) returnToParent(ctx context.Context, r Request, key string, n, since int64) {
 	pr := r
-	pr.N, pr.Min, pr.Need, pr.MaxDelay = n, 0, 0, 0
+	pr.N, pr.Min, pr.Need, pr.MaxDelay, pr.Since = n, 0, 0, 0, time.Time{}
+	if hold, window := windowHold(&r); window {
+		if since <= 0 {
+			return // no grant to take them back from: they lapse
+		}
+		pr.Hold, pr.Since = hold, time.UnixMicro(since)
+	}
 	t.parentCalls.Add(1)
 	if _, err := t.parent.Return(ctx, pr); err != nil {
 		t.failures.Add(1)
-		// Back into the pool, for the region or the next give-back.
-		_, _ = t.local.pool(ctx, key, poolGive, [7]int64{n})
+		if !r.Window {
+			// Back into the pool, for the region or the next give-back.
+			_, _ = t.local.pool(ctx, key, poolGive, [7]int64{n})
+		}
 		return
 	}
 	t.givenBack.Add(n)
 }
 
 // Return implements Store: tokens go back to the region's pool. A window's
-// tokens are not given back (they lapse).
+// go back only into the batch they came from (Request.Since no earlier than
+// its deposit), while it has not lapsed; otherwise they lapse.
 func (t *Tiered) Return(ctx context.Context, r Request) (Result, error) {
 	if err := checkRequest(OpReturn, &r); err != nil {
 		return Result{}, err
 	}
+	args := [7]int64{r.N}
 	if r.Window {
-		return Result{Now: t.cfg.clk.Now(), Version: r.Version}, nil
+		if r.Since.IsZero() {
+			return Result{Now: t.cfg.clk.Now(), Version: r.Version}, nil // nothing comes back
+		}
+		// Back into the pool if they came from the batch it holds, to
+		// be handed out again before it lapses (or given back with it).
+		args[1] = max(r.Since.UnixMicro(), 1)
 	}
 	key := PoolKey(r.Prefix, r.Policy, r.Tier, r.Key)
-	rep, err := t.local.pool(ctx, key, poolGive, [7]int64{r.N})
+	rep, err := t.local.pool(ctx, key, poolGive, args)
 	if err != nil {
 		return Result{}, err
 	}

@@ -55,9 +55,12 @@ func TestPoolTwinsAgree(t *testing.T) {
 				if r.IntN(3) == 0 {
 					reset = -1
 				}
-				a = [7]int64{r.Int64N(100), now + r.Int64N(3_000_000) - 500_000, ver, r.Int64N(1000), reset}
+				a = [7]int64{r.Int64N(100), now + r.Int64N(3_000_000) - 500_000, ver, r.Int64N(1000), reset, now - r.Int64N(1000)}
 			case poolGive:
 				a[0] = r.Int64N(30)
+				if r.IntN(2) == 0 {
+					a[1] = now - r.Int64N(2_000_000)
+				}
 			case poolWeigh:
 				a[0], a[1] = r.Int64N(30), r.Int64N(10)
 			case poolBeat:
@@ -333,8 +336,11 @@ func TestTieredPolicyAndStaleVersions(t *testing.T) {
 	_, _ = eu.Lease(ctx, v2req)
 	eventually(t, "eu refill", func() bool { return eu.Stats().Refills == 1 })
 	_, _ = us.Lease(ctx, req)
-	eventually(t, "us refill", func() bool { return us.Stats().ParentCalls >= 2 })
-	res, err := us.Lease(ctx, req)
+	var res Result
+	eventually(t, "us refill meets version 2", func() bool {
+		res, err = us.Lease(ctx, req)
+		return err != nil || res.Stale
+	})
 	if err != nil || !res.Stale || res.Version != 2 || res.Granted != 0 {
 		t.Fatalf("lease at version 1 = %+v, %v; want Stale at version 2", res, err)
 	}
@@ -394,7 +400,8 @@ func TestTieredWorldWeight(t *testing.T) {
 func TestTieredWindowTokensLapse(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newTierWorld(t)
-	ts := w.region(t, "sa", nil)
+	regionStore := NewMemory(w.clk)
+	ts := w.region(t, "sa", regionStore)
 	ctx := context.Background()
 	win := local.Limit{Rate: 100, Period: 10 * time.Second, Burst: 100}
 	req := Request{Policy: "w", Key: "k", Limit: win, Window: true, Hold: 100 * time.Millisecond, Version: 1, N: 5, Min: 1, Need: 1}
@@ -413,9 +420,89 @@ func TestTieredWindowTokensLapse(t *testing.T) {
 	if res, _ := ts.Lease(ctx, req); res.Granted != 0 {
 		t.Fatalf("granted %d from lapsed window tokens", res.Granted)
 	}
-	// Returns to a window pool are dropped: the parent lets them lapse.
-	if _, err := ts.Return(ctx, req); err != nil {
+	// Tokens given back from a batch that lapsed are dropped (the take
+	// that found it lapsed claimed the next one: wait for it to land).
+	eventually(t, "the next batch", func() bool { return ts.Stats().Refills == 2 })
+	level := func() int64 {
+		rep, err := regionStore.pool(ctx, PoolKey("", "w", "", "k"), poolGive, [7]int64{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep.st.level
+	}
+	before := level()
+	back := req
+	back.Since = time.UnixMicro(w.clk.Now().Add(-800 * time.Millisecond).UnixMicro())
+	if _, err := ts.Return(ctx, back); err != nil {
 		t.Fatal(err)
+	}
+	if after := level(); after != before {
+		t.Fatalf("window pool went from %d to %d on a return from a lapsed batch", before, after)
+	}
+}
+
+// TestTieredWindowGivesLapsedTokensBack: what a window pool did not hand
+// out before its tokens lapsed goes back to the parent's window, from the
+// sub-window of the grant, so the window does not count tokens never
+// spent; and lapsed tokens never come back to life with the next batch.
+func TestTieredWindowGivesLapsedTokensBack(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := newTierWorld(t)
+	ts := w.region(t, "sa", nil)
+	ctx := context.Background()
+	win := local.Limit{Rate: 100, Period: 10 * time.Second, Burst: 100}
+	req := Request{Policy: "w", Key: "k", Limit: win, Window: true, Hold: 100 * time.Millisecond, Version: 1, N: 5, Min: 1, Need: 1}
+	_, _ = ts.Lease(ctx, req)
+	eventually(t, "refill", func() bool { return ts.Stats().Refills == 1 })
+	res, _ := ts.Lease(ctx, req)
+	if res.Granted != 5 {
+		t.Fatalf("granted %d", res.Granted)
+	}
+	// A process gives 2 back: from this batch, they go back into it.
+	back := req
+	back.N, back.Since = 2, res.Now
+	if _, err := ts.Return(ctx, back); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := ts.Lease(ctx, req); res.Granted != 5 {
+		t.Fatalf("granted %d", res.Granted)
+	}
+	// Older than the batch: they do not.
+	back.Since = res.Now.Add(-time.Second)
+	if _, err := ts.Return(ctx, back); err != nil {
+		t.Fatal(err)
+	}
+	// The batch is 12 (a quarter of half the window's rate, no demand
+	// seen): 12 - 10 + 2 = 4 are left when the pool's tokens lapse, 900
+	// ms on.
+	w.clk.Advance(901 * time.Millisecond)
+	eventually(t, "give-back", func() bool { return ts.Stats().GivenBack == 4 })
+	// The parent's window holds only the 8 handed out: 92 more fit now.
+	probe := req
+	probe.N, probe.Hold = 92, 0
+	if res, err := w.parent.Lease(ctx, probe); err != nil || res.Granted != 92 {
+		t.Fatalf("the parent's window after the give-back: %+v, %v; want 92 free", res, err)
+	}
+}
+
+// TestPoolLapsedWindowTokensStayDead: a window pool's tokens that lapsed
+// with no take to clear them are not revived by the next batch.
+func TestPoolLapsedWindowTokensStayDead(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	s := NewMemory(clk)
+	ctx := context.Background()
+	now := clk.Now().UnixMicro()
+	if _, err := s.pool(ctx, "p", poolPut, [7]int64{10, now + 1000, 1, 0, -1, now}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Millisecond) // lapsed, and no take saw it
+	now = clk.Now().UnixMicro()
+	rep, err := s.pool(ctx, "p", poolPut, [7]int64{3, now + 1000, 1, 0, -1, now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.st.level != 3 || rep.st.full != now {
+		t.Fatalf("after a new batch on lapsed tokens: level %d since %d; want 3 since %d", rep.st.level, rep.st.full, now)
 	}
 }
 
@@ -486,7 +573,9 @@ func TestPoolForeignData(t *testing.T) {
 // standalone parent: refills, give-backs, SCRIPT FLUSH on the region's
 // nodes, and foreign data in the region's pool and the parent's world key.
 func TestTieredOnRealRedis(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	// Checked after every cleanup, once the clients below are closed.
+	running := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, running) })
 	cluster := redistest.SharedCluster(t).Client(t)
 	parentClient := redistest.Standalone(t).Client(t)
 	ts, err := NewTiered("eu", NewRedis(cluster), NewRedis(parentClient), WithPoolTTL(300*time.Millisecond), WithRefillGap(20*time.Millisecond))
@@ -495,7 +584,8 @@ func TestTieredOnRealRedis(t *testing.T) {
 	}
 	defer ts.Close()
 	ctx := context.Background()
-	req := Request{Policy: t.Name(), Key: "k", Limit: tierLimit, Version: 1, N: 5, Min: 1, Need: 1}
+	policy := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano()) // the servers outlive a run
+	req := Request{Policy: policy, Key: "k", Limit: tierLimit, Version: 1, N: 5, Min: 1, Need: 1}
 	granted, start := int64(0), time.Now()
 	eventually(t, "tokens through the region", func() bool {
 		flush(t, cluster)
@@ -508,7 +598,7 @@ func TestTieredOnRealRedis(t *testing.T) {
 	})
 	// Every token came from the parent's bucket: it holds at most its
 	// Burst and refill since, less what the region granted.
-	peek, err := NewRedis(parentClient).Debit(ctx, Request{Policy: t.Name(), Key: "k", Limit: tierLimit, Version: 1, N: 1})
+	peek, err := NewRedis(parentClient).Debit(ctx, Request{Policy: policy, Key: "k", Limit: tierLimit, Version: 1, N: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,15 +607,15 @@ func TestTieredOnRealRedis(t *testing.T) {
 	}
 	eventually(t, "give-back to the parent", func() bool { return ts.Stats().GivenBack > 0 })
 
-	poolKey := PoolKey("", t.Name(), "", "k")
+	poolKey := PoolKey("", policy, "", "k")
 	require.NoError(t, cluster.Del(ctx, poolKey).Err())
 	require.NoError(t, cluster.HSet(ctx, poolKey, "f", "v").Err())
 	if _, err := ts.Lease(ctx, req); !errors.Is(err, ErrCorruptState) {
 		t.Fatalf("pool key holding a hash: %v, want ErrCorruptState", err)
 	}
-	world := WorldKey("", t.Name())
+	world := WorldKey("", policy)
 	require.NoError(t, parentClient.Set(ctx, world, "x", 0).Err())
-	if _, err := NewRedis(parentClient).Weigh(ctx, "", t.Name(), "eu", 1, time.Second); !errors.Is(err, ErrCorruptState) {
+	if _, err := NewRedis(parentClient).Weigh(ctx, "", policy, "eu", 1, time.Second); !errors.Is(err, ErrCorruptState) {
 		t.Fatalf("world key holding a string: %v, want ErrCorruptState", err)
 	}
 }
