@@ -130,13 +130,16 @@ type tierWorld struct {
 
 func newTierWorld(t *testing.T) *tierWorld {
 	t.Helper()
+	// Checked after every other cleanup: the Tiered stores close first.
+	running := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, running) })
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
 	parent := NewMemory(clk)
 	return &tierWorld{clk: clk, parent: parent, link: &cuttable{Parent: parent}}
 }
 
-// region returns a Tiered store of a new region store, closed (and
-// checked for goroutines left behind) when the test ends.
+// region returns a Tiered store of a new region store, closed when the
+// test ends (and then checked for goroutines left behind).
 func (w *tierWorld) region(t *testing.T, name string, local *MemoryStore) *Tiered {
 	t.Helper()
 	if local == nil {
@@ -186,7 +189,6 @@ func (w *tierWorld) parentLevel(t *testing.T) int64 {
 }
 
 func TestTieredLeasesOnlyWhatTheParentGranted(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newTierWorld(t)
 	regionStore := NewMemory(w.clk)
 	a, b := w.region(t, "eu", regionStore), w.region(t, "eu", regionStore)
@@ -242,7 +244,6 @@ func TestTieredLeasesOnlyWhatTheParentGranted(t *testing.T) {
 }
 
 func TestTieredGivesIdlePoolsBack(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newTierWorld(t)
 	ts := w.region(t, "us", nil)
 	ctx := context.Background()
@@ -261,7 +262,6 @@ func TestTieredGivesIdlePoolsBack(t *testing.T) {
 }
 
 func TestTieredParentCut(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newTierWorld(t)
 	ts := w.region(t, "ap", nil)
 	ctx := context.Background()
@@ -304,7 +304,6 @@ func TestTieredParentCut(t *testing.T) {
 }
 
 func TestTieredPolicyAndStaleVersions(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newTierWorld(t)
 	euStore, usStore := NewMemory(w.clk), NewMemory(w.clk)
 	eu, us := w.region(t, "eu", euStore), w.region(t, "us", usStore)
@@ -353,7 +352,6 @@ func TestTieredPolicyAndStaleVersions(t *testing.T) {
 }
 
 func TestTieredWorldWeight(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newTierWorld(t)
 	eu, us := w.region(t, "eu", nil), w.region(t, "us", nil)
 	ctx := context.Background()
@@ -398,7 +396,6 @@ func TestTieredWorldWeight(t *testing.T) {
 }
 
 func TestTieredWindowTokensLapse(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newTierWorld(t)
 	regionStore := NewMemory(w.clk)
 	ts := w.region(t, "sa", regionStore)
@@ -446,7 +443,6 @@ func TestTieredWindowTokensLapse(t *testing.T) {
 // sub-window of the grant, so the window does not count tokens never
 // spent; and lapsed tokens never come back to life with the next batch.
 func TestTieredWindowGivesLapsedTokensBack(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newTierWorld(t)
 	ts := w.region(t, "sa", nil)
 	ctx := context.Background()
@@ -507,7 +503,6 @@ func TestPoolLapsedWindowTokensStayDead(t *testing.T) {
 }
 
 func TestTieredBadInput(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newTierWorld(t)
 	local := NewMemory(w.clk)
 	for _, tc := range []struct {
@@ -624,7 +619,6 @@ func TestTieredOnRealRedis(t *testing.T) {
 // world (refills inline, so the run replays exactly). Tokens flow down both
 // tiers, and the region grants no more than the world's bucket did.
 func TestTieredNests(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newTierWorld(t)
 	inline := WithSpawn(func(run func()) { run() })
 	continent, err := NewTiered("europe", NewMemory(w.clk), w.link, WithTieredClock(w.clk), inline)
@@ -667,7 +661,6 @@ func TestTieredNests(t *testing.T) {
 // calls as any store outage (the limiters fall back to their shares), and
 // tells it apart from a parent that is down.
 func TestTieredRegionStoreDown(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newTierWorld(t)
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
@@ -702,7 +695,6 @@ func TestTieredRegionStoreDown(t *testing.T) {
 // at the parent, what the pool still held under the old version goes back
 // to the parent, as a limiter gives back its leases on a change.
 func TestTieredOldVersionTokensGoBack(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newTierWorld(t)
 	eu, us := w.region(t, "eu", nil), w.region(t, "us", nil)
 	ctx := context.Background()
