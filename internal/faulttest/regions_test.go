@@ -442,3 +442,39 @@ func TestRegionsPolicyChange(t *testing.T) {
 		t.Errorf("admitted %d after the change, well under the new rate", n)
 	}
 }
+
+// TestRegionsSlidingWindow: a sliding window through tiers on real Redis.
+// Every window of the period, ending at 100 ms steps, holds at most the
+// limit across all regions; what a region does not hand out in time goes
+// back to the world's window, so full windows stay well used.
+func TestRegionsSlidingWindow(t *testing.T) {
+	lim := hybrid.Limit{Rate: 2000, Period: 5 * time.Second, Burst: 2000}
+	policy := hybrid.Policy{Name: "world-window", Limit: lim, Algorithm: hybrid.SlidingWindow}
+	g := newGlobe(t, policy, 50*time.Millisecond)
+	const d = 20 * time.Second
+	perLimiter := int(2 * float64(lim.Rate) / lim.Period.Seconds() / (regionsN * limitersPer))
+	_, all := g.run(t, "tenant", perLimiter, d)
+	at := admittedTimes(all)
+	most, least := 0, -1
+	for end := 100 * time.Millisecond; end <= d; end += 100 * time.Millisecond {
+		from := end - lim.Period
+		n := 0
+		for _, x := range at {
+			if x > from && x <= end {
+				n++
+			}
+		}
+		most = max(most, n)
+		if from >= 0 && (least < 0 || n < least) {
+			least = n
+		}
+	}
+	t.Logf("%d admitted in %v; the fullest window of %v held %d, the emptiest full one %d (%.1f%% of %d)",
+		len(at), d, lim.Period, most, least, 100*float64(least)/float64(lim.Rate), lim.Rate)
+	if most > int(lim.Rate) {
+		t.Errorf("a window held %d, over the limit of %d", most, lim.Rate)
+	}
+	if float64(least) < 0.5*float64(lim.Rate) {
+		t.Errorf("the emptiest full window held %d, under half the limit", least)
+	}
+}
