@@ -317,14 +317,8 @@ func (t *Tiered) Lease(ctx context.Context, r Request) (Result, error) {
 	if rep.claimed {
 		t.spawn(func() { t.refill(r, key, rep) })
 	}
-	res := Result{
-		Granted:    rep.granted,
-		Remaining:  max(rep.st.level+rep.st.rem, 0),
-		ResetAfter: time.Duration(max(rep.st.full-rep.now, 0)) * time.Microsecond,
-		Now:        time.UnixMicro(rep.now),
-		Version:    max(rep.st.ver, r.Version),
-		Stale:      rep.st.ver > r.Version,
-	}
+	res := poolResult(&r, rep)
+	res.Granted, res.Stale = rep.granted, rep.st.ver > r.Version
 	if rep.granted > 0 || res.Stale {
 		return res, nil
 	}
@@ -521,9 +515,18 @@ func (t *Tiered) Return(ctx context.Context, r Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Remaining: max(rep.st.level+rep.st.rem, 0), Now: time.UnixMicro(rep.now),
-		ResetAfter: time.Duration(max(rep.st.full-rep.now, 0)) * time.Microsecond,
-		Version:    max(rep.st.ver, r.Version)}, nil
+	return poolResult(&r, rep), nil
+}
+
+// poolResult is what a pool's reply tells a caller of r: the pool's tokens
+// and the parent's as of the last refill, and for a bucket the parent's
+// time to full as of then.
+func poolResult(r *Request, rep poolReply) Result {
+	res := Result{Remaining: max(rep.st.level+rep.st.rem, 0), Now: time.UnixMicro(rep.now), Version: max(rep.st.ver, r.Version)}
+	if !r.Window { // a window pool keeps its grant's time where a bucket pool keeps this
+		res.ResetAfter = time.Duration(max(rep.st.full-rep.now, 0)) * time.Microsecond
+	}
+	return res
 }
 
 // Debit implements Store: tokens admitted without a lease (in an outage)
