@@ -6,8 +6,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // A pool is a region's share of a global bucket, kept in the region's own
@@ -85,60 +83,9 @@ func applyPool(st poolState, op poolOp, a [7]int64, now int64) (poolState, poolR
 	claimed := false
 	switch op {
 	case poolTake:
-		usable := st.level
-		if a[2] >= 0 && now+a[2] > st.exp {
-			usable = 0 // window tokens that could be spent too late: the drain gives them back
-		}
-		switch {
-		case uint64(a[6]) < st.ver:
-		case usable >= a[0]:
-			granted = a[0]
-		case usable >= max(a[1], 1):
-			granted = usable
-		}
-		usable -= granted
-		st.level -= granted
-		if granted > 0 {
-			st.used += granted
-		} else {
-			st.used += a[0] // demand the pool could not meet
-		}
-		low := a[3]
-		if st.at > 0 && now > st.at {
-			low = max(low, cdiv(st.used*a[5], now-st.at))
-		}
-		if usable < low && now >= st.claim {
-			st.claim, claimed = now+a[4], true
-		}
+		granted, claimed = st.take(a, now)
 	case poolPut:
-		window := a[4] < 0
-		if uint64(a[2]) > st.ver && st.ver != 0 && st.level > 0 {
-			// Tokens of an older policy version: a bucket pool's go back
-			// to the parent, which rescaled its bucket without them; a
-			// window pool's lapse.
-			if !window {
-				granted = st.level
-			}
-			st.level = 0
-		}
-		switch {
-		case !window:
-			st.exp, st.full = a[1], now+a[4]
-		case a[0] == 0: // nothing came: the batch held stays as it is
-		default:
-			// One batch at a time, so that a give-back has one Since:
-			// what is left of the one held, lapsed or not, goes back now
-			// (and never comes back to life).
-			if st.level > 0 {
-				granted, since = st.level, st.full
-			}
-			st.level, st.exp, st.full = 0, a[1], a[5]
-		}
-		st.level += a[0]
-		st.down = 0
-		st.ver = max(st.ver, uint64(a[2]))
-		st.rem = a[3]
-		st.used, st.at = 0, now
+		granted, since = st.put(a, now)
 	case poolFail:
 		st.down = now
 	case poolGive:
@@ -159,99 +106,69 @@ func applyPool(st poolState, op poolOp, a [7]int64, now int64) (poolState, poolR
 	return st, poolReply{granted: granted, since: since, claimed: claimed, now: now, st: st}
 }
 
-// poolLua is applyPool in Redis. KEYS[1] the pool key; ARGV[1] op,
-// ARGV[2..8] a..g, ARGV[9] the key's TTL in ms. State, a string:
-// "Q level exp claim down ver rem full used at". Reply: {granted, claimed,
-// now, level, exp, claim, down, ver, rem, full, used, at, since}.
-//
-// put's e is the parent's reset µs for a bucket pool and -1 for a window
-// pool, whose tokens lapse with the oldest deposit still held.
-var poolLua = luaPrelude + `
-local raw = redis.pcall('GET', KEYS[1])
-if type(raw) == 'table' and raw.err then
-  return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local s = {level = 0, exp = 0, claim = 0, down = 0, ver = 0, rem = 0, full = 0, used = 0, at = 0}
-if raw then
-  local f = {}
-  for v in string.gmatch(raw, '%S+') do f[#f + 1] = v end
-  if #f ~= 10 or f[1] ~= 'Q' then
-    return redis.error_reply('LEASEHOLD_CORRUPT pool state')
-  end
-  local names = {'level', 'exp', 'claim', 'down', 'ver', 'rem', 'full', 'used', 'at'}
-  for i, name in ipairs(names) do
-    local v = tonumber(f[i + 1])
-    if not v or v ~= math.floor(v) then
-      return redis.error_reply('LEASEHOLD_CORRUPT pool state')
-    end
-    s[name] = v
-  end
-end
-local op = ARGV[1]
-local a, b, c, d, e = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local f, g = tonumber(ARGV[7]), tonumber(ARGV[8])
-local granted, claimed, since = 0, 0, 0
-if op == 'take' then
-  local usable = s.level
-  if c >= 0 and now + c > s.exp then usable = 0 end
-  local need = b
-  if need < 1 then need = 1 end
-  if g < s.ver then
-  elseif usable >= a then granted = a
-  elseif usable >= need then granted = usable end
-  s.level = s.level - granted
-  usable = usable - granted
-  if granted > 0 then s.used = s.used + granted else s.used = s.used + a end
-  local low = d
-  if s.at > 0 and now > s.at then
-    local q = cdiv(s.used * f, now - s.at)
-    if q > low then low = q end
-  end
-  if usable < low and now >= s.claim then s.claim = now + e; claimed = 1 end
-elseif op == 'put' then
-  if c > s.ver and s.ver ~= 0 and s.level > 0 then
-    if e >= 0 then granted = s.level end
-    s.level = 0
-  end
-  if e >= 0 then
-    s.exp = b
-    s.full = now + e
-  elseif a == 0 then
-  else
-    if s.level > 0 then granted = s.level; since = s.full end
-    s.level = 0
-    s.exp = b
-    s.full = f
-  end
-  s.level = s.level + a
-  s.down = 0
-  if c > s.ver then s.ver = c end
-  s.rem = d
-  s.used = 0
-  s.at = now
-elseif op == 'fail' then
-  s.down = now
-elseif op == 'give' then
-  if b == 0 or (b >= s.at and now < s.exp) then s.level = s.level + a end
-elseif op == 'drain' then
-  if s.exp > 0 and now >= s.exp then granted = s.level; since = s.full; s.level = 0 end
-elseif op == 'beat' then
-  if now >= s.claim then s.claim = now + a; claimed = 1 end
-elseif op == 'weigh' then
-  s.level = a
-  s.rem = b
-  s.down = 0
-else
-  return redis.error_reply('ERR leasehold pool: unknown op ' .. tostring(op))
-end
-redis.call('SET', KEYS[1], string.format('Q %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f',
-  s.level, s.exp, s.claim, s.down, s.ver, s.rem, s.full, s.used, s.at), 'PX', ARGV[9])
-return {granted, claimed, now, s.level, s.exp, s.claim, s.down, s.ver, s.rem, s.full, s.used, s.at, since}
-`
+// take grants from the pool and claims its refill (see poolTake).
+func (st *poolState) take(a [7]int64, now int64) (granted int64, claimed bool) {
+	usable := st.level
+	if a[2] >= 0 && now+a[2] > st.exp {
+		usable = 0 // window tokens that could be spent too late: the drain gives them back
+	}
+	switch {
+	case uint64(a[6]) < st.ver:
+	case usable >= a[0]:
+		granted = a[0]
+	case usable >= max(a[1], 1):
+		granted = usable
+	}
+	usable -= granted
+	st.level -= granted
+	if granted > 0 {
+		st.used += granted
+	} else {
+		st.used += a[0] // demand the pool could not meet
+	}
+	low := a[3]
+	if st.at > 0 && now > st.at {
+		low = max(low, cdiv(st.used*a[5], now-st.at))
+	}
+	if usable < low && now >= st.claim {
+		st.claim, claimed = now+a[4], true
+	}
+	return granted, claimed
+}
 
-var poolScript = redis.NewScript(poolLua)
+// put deposits a refill (see poolPut); granted and since are what it took
+// out for the caller to give back.
+func (st *poolState) put(a [7]int64, now int64) (granted, since int64) {
+	window := a[4] < 0
+	if uint64(a[2]) > st.ver && st.ver != 0 && st.level > 0 {
+		// Tokens of an older policy version: a bucket pool's go back to
+		// the parent, which rescaled its bucket without them; a window
+		// pool's lapse.
+		if !window {
+			granted = st.level
+		}
+		st.level = 0
+	}
+	switch {
+	case !window:
+		st.exp, st.full = a[1], now+a[4]
+	case a[0] == 0: // nothing came: the batch held stays as it is
+	default:
+		// One batch at a time, so that a give-back has one Since: what is
+		// left of the one held, lapsed or not, goes back now (and never
+		// comes back to life).
+		if st.level > 0 {
+			granted, since = st.level, st.full
+		}
+		st.level, st.exp, st.full = 0, a[1], a[5]
+	}
+	st.level += a[0]
+	st.down = 0
+	st.ver = max(st.ver, uint64(a[2]))
+	st.rem = a[3]
+	st.used, st.at = 0, now
+	return granted, since
+}
 
 // PoolKey returns the key of a region's pool for a bucket: the bucket's
 // key (TierBucketKey) with "pool:" after the prefix, in the bucket's slot.

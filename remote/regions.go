@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Regions is implemented by stores that serve as a parent to Tiered
@@ -27,36 +25,6 @@ var (
 
 // WorldKey returns the key of the hash of region weights of a policy.
 func WorldKey(prefix, policy string) string { return internalKey(prefix, policy, "world") }
-
-// weighLua keeps a hash of region -> "weight deadline_ms" by Redis TIME.
-// KEYS[1] the world key; ARGV[1] region; ARGV[2] weight; ARGV[3] expiry ms.
-// Reply: the sum of the live weights.
-var weighLua = `
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expiry = tonumber(ARGV[3])
-local kind = redis.pcall('TYPE', KEYS[1])
-if type(kind) == 'table' and kind.err then return redis.error_reply('LEASEHOLD_CORRUPT ' .. kind.err) end
-if kind.ok ~= 'hash' and kind.ok ~= 'none' then
-  return redis.error_reply('LEASEHOLD_CORRUPT world key is a ' .. kind.ok)
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. (now + expiry))
-local all = redis.call('HGETALL', KEYS[1])
-local sum = 0
-for i = 1, #all, 2 do
-  local w, deadline = string.match(all[i + 1], '^(%d+) (%d+)$')
-  if not w or tonumber(deadline) <= now then
-    redis.call('HDEL', KEYS[1], all[i])
-  else
-    sum = sum + tonumber(w)
-  end
-end
-redis.call('PEXPIRE', KEYS[1], 2 * expiry)
-return sum
-`
-
-var weighScript = redis.NewScript(weighLua)
 
 func validateWeigh(prefix, policy, region string, weight int64, expiry time.Duration) error {
 	if err := validateFleet(prefix, policy, region, expiry); err != nil {
