@@ -54,7 +54,7 @@ sim:
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzBucketTakeAt -fuzztime 30s ./local/
-	$(GO) test -run '^$$' -fuzz FuzzBucketKey -fuzztime 30s ./remote/
+	$(GO) test -run '^$$' -fuzz FuzzKeys -fuzztime 30s ./internal/keys/
 	$(GO) test -run '^$$' -fuzz FuzzLimitValidate -fuzztime 30s ./remote/
 
 # The random-fault soak of RELIABILITY.md for 10 minutes (make test runs it

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/keys"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/hooks"
@@ -239,7 +240,7 @@ func (l *Limiter) reject(e *entry, p *policyState, src Source, wait time.Duratio
 }
 
 func (l *Limiter) checkRequest(p *policyState, t *tierState, key string, n int64) error {
-	if err := remote.ValidateKey(l.cfg.prefix, p.Name, key); err != nil {
+	if err := keys.Validate(l.cfg.prefix, p.Name, key); err != nil {
 		return fmt.Errorf("hybrid: %w", err)
 	}
 	if n <= 0 {

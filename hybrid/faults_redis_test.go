@@ -3,6 +3,7 @@ package hybrid
 import (
 	"context"
 	"errors"
+	"github.com/leasehold/leasehold/internal/keys"
 	"log/slog"
 	"slices"
 	"sync"
@@ -359,7 +360,7 @@ func TestVanishedBucketCounted(t *testing.T) {
 		for i := 0; i < 5; i++ {
 			l.Allow(ctx, "k")
 		}
-		require.NoError(t, c.Del(ctx, remote.BucketKey("", p.Name, "k")).Err())
+		require.NoError(t, c.Del(ctx, keys.Bucket("", p.Name, "", "k")).Err())
 	}
 	for i := 0; i < 10; i++ {
 		l.Allow(ctx, "k")
@@ -391,7 +392,7 @@ func TestScriptFlushAndClobberedBucket(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, d.Allowed, "decision %d after SCRIPT FLUSH refused", i)
 	}
-	require.NoError(t, c.Set(ctx, remote.BucketKey("", p.Name, "clobbered"), "someone else's", 0).Err())
+	require.NoError(t, c.Set(ctx, keys.Bucket("", p.Name, "", "clobbered"), "someone else's", 0).Err())
 	before := scriptCalls(t, c)
 	for i := 0; i < 200; i++ {
 		d, err := l.AllowN(ctx, "clobbered", 1)

@@ -3,6 +3,7 @@ package hybrid
 import (
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/keys"
 	"log/slog"
 	"time"
 
@@ -107,7 +108,7 @@ func (c *config) validate() error {
 			return errors.New(ch.msg)
 		}
 	}
-	return remote.ValidateKey(c.prefix, "p", "k")
+	return keys.Validate(c.prefix, "p", "k")
 }
 
 // WithPrefix namespaces every Redis key of the limiter. The default is

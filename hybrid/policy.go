@@ -3,6 +3,7 @@ package hybrid
 import (
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/keys"
 	"slices"
 
 	"github.com/leasehold/leasehold/local"
@@ -159,7 +160,7 @@ func (p Policy) Validate() error { return validatePolicy(p.normalized()) }
 
 // validatePolicy checks a normalized policy.
 func validatePolicy(p Policy) error {
-	if err := remote.ValidateKey("", p.Name, "k"); err != nil {
+	if err := keys.Validate("", p.Name, "k"); err != nil {
 		return fmt.Errorf("hybrid: policy %q: %w", p.Name, err)
 	}
 	if p.Algorithm != GCRA && p.Algorithm != SlidingWindow {

@@ -3,13 +3,13 @@ package hybrid
 import (
 	"context"
 	"errors"
+	"github.com/leasehold/leasehold/internal/keys"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/remote"
 	"github.com/stretchr/testify/require"
 )
 
@@ -123,7 +123,7 @@ func TestSlidingWindowOnRealRedis(t *testing.T) {
 	}).Wait()
 	slow.Wait()
 	usage := func(key string) int64 {
-		n, err := c.MemoryUsage(context.Background(), remote.TierBucketKey("", big.Name, "", key)).Result()
+		n, err := c.MemoryUsage(context.Background(), keys.Bucket("", big.Name, "", key)).Result()
 		require.NoError(t, err)
 		return n
 	}
@@ -296,7 +296,7 @@ func TestShapedPolicyValidation(t *testing.T) {
 		{"invalid also", Policy{Name: "v", Limit: PerSecond(1), Also: []Limit{{Rate: 1}}}, ErrInvalidLimit},
 		{"bad tier name", Policy{Name: "v", Limit: PerSecond(1), Tiers: map[string]Tier{"a b": {Limit: PerSecond(1)}}}, ErrInvalidPolicy},
 		{"empty tier name", Policy{Name: "v", Limit: PerSecond(1), Tiers: map[string]Tier{"": {Limit: PerSecond(1)}}}, ErrInvalidPolicy},
-		{"too many limits", Policy{Name: "v", Limit: PerSecond(1), Also: slices.Repeat([]Limit{PerSecond(1)}, remote.MaxLimits)}, ErrInvalidPolicy},
+		{"too many limits", Policy{Name: "v", Limit: PerSecond(1), Also: slices.Repeat([]Limit{PerSecond(1)}, 8)}, ErrInvalidPolicy},
 		{"unknown algorithm", Policy{Name: "v", Limit: PerSecond(1), Algorithm: 7}, ErrInvalidPolicy},
 	} {
 		_, err := New(w.store, tc.p, WithClock(w.clk), quiet)

@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"context"
+	"github.com/leasehold/leasehold/internal/keys"
 	"log/slog"
 	"strings"
 	"sync"
@@ -143,7 +144,7 @@ func TestForeignPolicyRecordDoesNotStall(t *testing.T) {
 		func(key string) error { return c.HSet(ctx, key, "f", "v").Err() },
 	} {
 		name := "foreign-" + time.Now().Format("150405.000000000")
-		require.NoError(t, clobber(remote.PolicyKey("", name)))
+		require.NoError(t, clobber(keys.Policy("", name)))
 		logs := &logCounter{want: "policy record"}
 		l, err := New(remote.NewRedis(srv.Client(t)), Policy{Name: name, Limit: PerSecond(100)}, WithLogger(slog.New(logs)),
 			WithStoreTimeout(500*time.Millisecond)) // a stall waits all of it (see TestInternalNamesUnreachable)

@@ -3,6 +3,7 @@ package hybrid
 import (
 	"context"
 	"errors"
+	"github.com/leasehold/leasehold/internal/keys"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -11,7 +12,6 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/redistest"
-	"github.com/leasehold/leasehold/remote"
 	"github.com/stretchr/testify/require"
 )
 
@@ -280,7 +280,7 @@ func TestPolicyRecordHeals(t *testing.T) {
 	admin := srv.Client(t)
 	p := Policy{Name: "heal-" + time.Now().Format("150405.000000"), Limit: PerSecond(10), Version: 4}
 	newFleet(t, 1, p, dial(srv), WithPolicyPoll(20*time.Millisecond))
-	key := remote.PolicyKey("", p.Name)
+	key := keys.Policy("", p.Name)
 	eventually(t, "the record to be published", func() bool { return admin.Exists(context.Background(), key).Val() == 1 })
 	require.NoError(t, admin.Del(context.Background(), key).Err())
 	eventually(t, "the record to come back", func() bool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/keys"
 	"os"
 	"testing"
 	"time"
@@ -315,7 +316,7 @@ func runSequence(t *testing.T, be backend, key string, lim local.Limit, steps []
 			be.advance(s.d)
 			continue
 		case checkTTL:
-			k := BucketKey("", "conformance", key)
+			k := keys.Bucket("", "conformance", "", key)
 			got := be.ttl(k)
 			lo := s.d - 100*ms
 			if got > s.d || got < lo {
@@ -446,7 +447,7 @@ func TestForeignDataInBucketKey(t *testing.T) {
 				// must refuse what it cannot trust.
 				for _, shaped := range []bool{false, true} {
 					key := fmt.Sprintf("%s%s-%v", t.Name(), tc.name, shaped)
-					require.NoError(t, tc.write(BucketKey("", "p", key)))
+					require.NoError(t, tc.write(keys.Bucket("", "p", "", key)))
 					req := Request{Policy: "p", Key: key, Limit: win4, N: 1, Window: shaped}
 					_, err := be.store.Lease(ctx, req)
 					if !errors.Is(err, ErrCorruptState) {
@@ -500,17 +501,7 @@ func TestScriptFlushBetweenCalls(t *testing.T) {
 	}
 }
 
-func flush(t *testing.T, c redis.UniversalClient) {
-	t.Helper()
-	ctx := context.Background()
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		require.NoError(t, cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
-			return n.ScriptFlush(ctx).Err()
-		}))
-		return
-	}
-	require.NoError(t, c.ScriptFlush(ctx).Err())
-}
+func flush(t *testing.T, c redis.UniversalClient) { redistest.FlushScripts(t, c) }
 
 func TestCheckClient(t *testing.T) {
 	bad := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
@@ -526,7 +517,7 @@ func TestCheckClient(t *testing.T) {
 }
 
 func make9(l local.Limit) []local.Limit {
-	out := make([]local.Limit, MaxLimits)
+	out := make([]local.Limit, maxLimits)
 	for i := range out {
 		out[i] = l
 	}

@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/keys"
 	"sync"
 	"time"
 )
@@ -28,7 +29,7 @@ func (s *RedisStore) Heartbeat(ctx context.Context, prefix, policy, member strin
 	if err := validateFleet(prefix, policy, member, expiry); err != nil {
 		return 0, err
 	}
-	key := FleetKey(prefix, policy)
+	key := keys.Fleet(prefix, policy)
 	n, err := heartbeatScript.Run(ctx, s.c, []string{key}, member, expiry.Milliseconds()).Int()
 	if err != nil {
 		return 0, s.failed(key, err)
@@ -41,7 +42,7 @@ func (s *RedisStore) Leave(ctx context.Context, prefix, policy, member string) e
 	if err := validateFleet(prefix, policy, member, time.Millisecond); err != nil {
 		return err
 	}
-	key := FleetKey(prefix, policy)
+	key := keys.Fleet(prefix, policy)
 	if err := s.c.ZRem(ctx, key, member).Err(); err != nil {
 		return classify(key, err)
 	}
@@ -49,7 +50,7 @@ func (s *RedisStore) Leave(ctx context.Context, prefix, policy, member string) e
 }
 
 func validateFleet(prefix, policy, member string, expiry time.Duration) error {
-	if err := validateKey(prefix, policy, "fleet"); err != nil {
+	if err := keys.ValidateNames(prefix, policy); err != nil {
 		return err
 	}
 	if member == "" || len(member) > MaxKeyLen {
@@ -75,7 +76,7 @@ func (s *MemoryStore) Heartbeat(ctx context.Context, prefix, policy, member stri
 		return 0, err
 	}
 	now := s.clk.Now().UnixMicro()
-	key := FleetKey(prefix, policy)
+	key := keys.Fleet(prefix, policy)
 	f := &s.fleet
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -103,6 +104,6 @@ func (s *MemoryStore) Leave(ctx context.Context, prefix, policy, member string) 
 	}
 	s.fleet.mu.Lock()
 	defer s.fleet.mu.Unlock()
-	delete(s.fleet.members[FleetKey(prefix, policy)], member)
+	delete(s.fleet.members[keys.Fleet(prefix, policy)], member)
 	return nil
 }

@@ -4,74 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/local"
 )
-
-// hashTag returns what Redis Cluster hashes for key: the part between the
-// first '{' and the first '}' after it, if non-empty; else the whole key.
-func hashTag(key string) string {
-	open := strings.IndexByte(key, '{')
-	if open < 0 {
-		return key
-	}
-	end := strings.IndexByte(key[open+1:], '}')
-	if end <= 0 {
-		return key
-	}
-	return key[open+1 : open+1+end]
-}
-
-// unescape reverses escape.
-func unescape(s string) string {
-	r := strings.NewReplacer("%7B", "{", "%7D", "}", "%3A", ":", "%25", "%")
-	return r.Replace(s)
-}
-
-// FuzzBucketKey: for any prefix, policy and key that validate, the bucket
-// key's hash tag is the whole braced (policy, key) pair, from which both
-// come back exactly (so no two pairs share a Redis key, and none escapes
-// its tag or its policy), and no internal key of any policy equals it.
-func FuzzBucketKey(f *testing.F) {
-	for _, seed := range [][3]string{
-		{"", "api", "user-1"}, {"leasehold:", "p", "{"}, {"x:", "a:b", "}{"}, {"", "p", "a}:fleet"},
-		{"", "p%", "%7B"}, {"", "p", "k}"}, {"", "{p}", "k"}, {"", "p", "\x00policy"},
-	} {
-		f.Add(seed[0], seed[1], seed[2])
-	}
-	f.Fuzz(func(t *testing.T, prefix, policy, key string) {
-		if ValidateKey(prefix, policy, key) != nil {
-			return
-		}
-		bk := BucketKey(prefix, policy, key)
-		p := prefix
-		if p == "" {
-			p = DefaultPrefix
-		}
-		if !strings.HasPrefix(bk, p+"{") || !strings.HasSuffix(bk, "}") {
-			t.Fatalf("BucketKey(%q, %q, %q) = %q: not prefix{...}", prefix, policy, key, bk)
-		}
-		tag := hashTag(bk)
-		if tag != bk[len(p)+1:len(bk)-1] {
-			t.Fatalf("BucketKey(%q, %q, %q) = %q: hash tag %q is not the whole braced part", prefix, policy, key, bk, tag)
-		}
-		ep, ek, ok := strings.Cut(tag, ":")
-		if !ok || unescape(ep) != policy || unescape(ek) != key {
-			t.Fatalf("BucketKey(%q, %q, %q) = %q: tag %q does not give back the policy and key", prefix, policy, key, bk, tag)
-		}
-		for _, internal := range []string{PolicyKey(prefix, policy), FleetKey(prefix, policy)} {
-			if internal == bk {
-				t.Fatalf("bucket key %q equals an internal key", bk)
-			}
-			if hashTag(internal) != ep {
-				t.Fatalf("internal key %q hashes %q, want the policy's tag %q", internal, hashTag(internal), ep)
-			}
-		}
-	})
-}
 
 // FuzzLimitValidate: a limit either fails with ErrInvalidLimit or is one
 // every store can run: a request with it validates, a lease of Burst on a

@@ -17,7 +17,7 @@ import (
 type MemoryStore struct {
 	clk      clock.Clock
 	fleet    memFleet
-	pools    memPools
+	records  memRecords // a tier's pools and region records
 	regions  memRegions
 	policies memPolicies
 	mu       struct {
@@ -70,8 +70,8 @@ func (s *MemoryStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 	return out
 }
 
-// Len returns how many buckets are live, for tests.
-func (s *MemoryStore) Len() int {
+// live returns how many buckets are live, for tests.
+func (s *MemoryStore) live() int {
 	now := s.clk.Now().UnixMicro()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -93,7 +93,7 @@ func (s *MemoryStore) do(ctx context.Context, op Op, r Request) (Result, error) 
 			return Result{}, err
 		}
 	}
-	key := TierBucketKey(r.Prefix, r.Policy, r.Tier, r.Key)
+	key := bucketKey(&r)
 	now := s.clk.Now().UnixMicro()
 	s.mu.Lock()
 	defer s.mu.Unlock()

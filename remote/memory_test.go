@@ -34,7 +34,7 @@ func TestMemoryStoreExpiresBuckets(t *testing.T) {
 		t.Fatalf("store held %d buckets at peak, live set about 110 000", peak)
 	}
 	clk.Advance(2 * time.Second)
-	if n := s.Len(); n != 0 {
+	if n := s.live(); n != 0 {
 		t.Fatalf("Len() = %d after every TTL passed, want 0", n)
 	}
 }

@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/keys"
 	"strconv"
 	"strings"
 	"time"
@@ -33,7 +34,7 @@ func (s *RedisStore) Peek(ctx context.Context, prefix, policy, key string) (Buck
 	if err := validateKey(prefix, policy, key); err != nil {
 		return Bucket{}, err
 	}
-	bk := BucketKey(prefix, policy, key)
+	bk := keys.Bucket(prefix, policy, "", key)
 	v, err := peekScript.Run(ctx, s.c, []string{bk}).Slice()
 	if err != nil {
 		return Bucket{}, s.failed(bk, err)
@@ -93,10 +94,10 @@ func parseState(raw string) (state, error) {
 // Members returns the live members of a policy's fleet set with the time
 // since each last heartbeat, as the store sees it.
 func (s *RedisStore) Members(ctx context.Context, prefix, policy string) (map[string]time.Duration, error) {
-	if err := validateKey(prefix, policy, "fleet"); err != nil {
+	if err := keys.ValidateNames(prefix, policy); err != nil {
 		return nil, err
 	}
-	key := FleetKey(prefix, policy)
+	key := keys.Fleet(prefix, policy)
 	zs, err := s.c.ZRangeWithScores(ctx, key, 0, -1).Result()
 	if err != nil {
 		return nil, s.failed(key, err)

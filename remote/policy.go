@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/keys"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,9 +15,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// PolicyTTL is how long a policy record lives in Redis after it was last
+// policyTTL is how long a policy record lives in Redis after it was last
 // set.
-const PolicyTTL = 30 * 24 * time.Hour
+const policyTTL = 30 * 24 * time.Hour
 
 // PolicyRecord is a policy version as the store keeps it.
 type PolicyRecord struct {
@@ -126,12 +127,12 @@ func (rec *PolicyRecord) withShape(s string) error {
 }
 
 // validateShape checks what a shape adds to a record: valid limits, at
-// most MaxLimits per tier, tier names ValidateTier accepts, and sliding
+// most maxLimits per tier, tier names keys.ValidateTier accepts, and sliding
 // windows whose burst is their rate.
 func (rec PolicyRecord) validateShape() error {
 	check := func(tier string, lim local.Limit, also []local.Limit) error {
-		if len(also)+1 > MaxLimits {
-			return fmt.Errorf("%w: tier %q has %d limits, at most %d", ErrInvalidPolicy, tier, len(also)+1, MaxLimits)
+		if len(also)+1 > maxLimits {
+			return fmt.Errorf("%w: tier %q has %d limits, at most %d", ErrInvalidPolicy, tier, len(also)+1, maxLimits)
 		}
 		for _, l := range append([]local.Limit{lim}, also...) {
 			if err := l.Validate(); err != nil {
@@ -150,7 +151,7 @@ func (rec PolicyRecord) validateShape() error {
 		if name == "" {
 			return fmt.Errorf("%w: empty tier name", ErrInvalidPolicy)
 		}
-		if err := ValidateTier(name); err != nil {
+		if err := keys.ValidateTier(name); err != nil {
 			return err
 		}
 		if err := check(name, t.Limit, t.Also); err != nil {
@@ -182,15 +183,15 @@ var (
 )
 
 func validatePolicyRecord(prefix, name string, rec PolicyRecord) error {
-	if err := validateKey(prefix, name, "policy"); err != nil {
+	if err := keys.ValidateNames(prefix, name); err != nil {
 		return err
 	}
 	return rec.Validate()
 }
 
 // Validate reports whether rec can be stored: a version in [1,
-// MaxVersion], valid limits, at most MaxLimits per tier, tier names
-// ValidateTier accepts, and sliding windows whose Burst is their Rate.
+// MaxVersion], valid limits, at most maxLimits per tier, tier names
+// keys.ValidateTier accepts, and sliding windows whose Burst is their Rate.
 func (rec PolicyRecord) Validate() error {
 	if rec.Version == 0 || rec.Version > MaxVersion {
 		return fmt.Errorf("%w: version %d outside [1, %d]", ErrInvalidPolicy, rec.Version, MaxVersion)
@@ -240,8 +241,8 @@ func (s *RedisStore) SetPolicy(ctx context.Context, prefix, name string, rec Pol
 	if err := validatePolicyRecord(prefix, name, rec); err != nil {
 		return PolicyRecord{}, false, err
 	}
-	key := PolicyKey(prefix, name)
-	v, err := setPolicyScript.Run(ctx, s.c, []string{key}, rec.Version, rec.Limit.Rate, int64(rec.Limit.Period/time.Microsecond), rec.Limit.Burst, PolicyTTL.Milliseconds(), rec.shape()).Slice()
+	key := keys.Policy(prefix, name)
+	v, err := setPolicyScript.Run(ctx, s.c, []string{key}, rec.Version, rec.Limit.Rate, int64(rec.Limit.Period/time.Microsecond), rec.Limit.Burst, policyTTL.Milliseconds(), rec.shape()).Slice()
 	if err != nil {
 		return PolicyRecord{}, false, classify(key, err)
 	}
@@ -267,10 +268,10 @@ func parsePolicyReply(key string, v []any) (PolicyRecord, bool, error) {
 
 // GetPolicy implements Policies.
 func (s *RedisStore) GetPolicy(ctx context.Context, prefix, name string) (PolicyRecord, bool, error) {
-	if err := validateKey(prefix, name, "policy"); err != nil {
+	if err := keys.ValidateNames(prefix, name); err != nil {
 		return PolicyRecord{}, false, err
 	}
-	key := PolicyKey(prefix, name)
+	key := keys.Policy(prefix, name)
 	str, err := s.c.Get(ctx, key).Result()
 	if errors.Is(err, redis.Nil) {
 		return PolicyRecord{}, false, nil
@@ -288,10 +289,10 @@ func (s *RedisStore) GetPolicy(ctx context.Context, prefix, name string) (Policy
 // WatchPolicy implements Policies with Redis pub/sub on the policy key's
 // name (Cluster broadcasts it to every node).
 func (s *RedisStore) WatchPolicy(ctx context.Context, prefix, name string, changed func()) (func(), error) {
-	if err := validateKey(prefix, name, "policy"); err != nil {
+	if err := keys.ValidateNames(prefix, name); err != nil {
 		return nil, err
 	}
-	ps := s.c.Subscribe(ctx, PolicyKey(prefix, name))
+	ps := s.c.Subscribe(ctx, keys.Policy(prefix, name))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -322,7 +323,7 @@ func (s *MemoryStore) SetPolicy(ctx context.Context, prefix, name string, rec Po
 	if err := ctx.Err(); err != nil {
 		return PolicyRecord{}, false, err
 	}
-	key := PolicyKey(prefix, name)
+	key := keys.Policy(prefix, name)
 	p := &s.policies
 	p.mu.Lock()
 	if cur, ok := p.records[key]; ok && cur.Version >= rec.Version {
@@ -348,7 +349,7 @@ func (s *MemoryStore) SetPolicy(ctx context.Context, prefix, name string, rec Po
 
 // GetPolicy implements Policies.
 func (s *MemoryStore) GetPolicy(ctx context.Context, prefix, name string) (PolicyRecord, bool, error) {
-	if err := validateKey(prefix, name, "policy"); err != nil {
+	if err := keys.ValidateNames(prefix, name); err != nil {
 		return PolicyRecord{}, false, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -356,17 +357,17 @@ func (s *MemoryStore) GetPolicy(ctx context.Context, prefix, name string) (Polic
 	}
 	s.policies.mu.Lock()
 	defer s.policies.mu.Unlock()
-	rec, ok := s.policies.records[PolicyKey(prefix, name)]
+	rec, ok := s.policies.records[keys.Policy(prefix, name)]
 	return rec, ok, nil
 }
 
 // WatchPolicy implements Policies; SetPolicy calls changed synchronously,
 // so no goroutine is involved.
 func (s *MemoryStore) WatchPolicy(_ context.Context, prefix, name string, changed func()) (func(), error) {
-	if err := validateKey(prefix, name, "policy"); err != nil {
+	if err := keys.ValidateNames(prefix, name); err != nil {
 		return nil, err
 	}
-	key := PolicyKey(prefix, name)
+	key := keys.Policy(prefix, name)
 	f := &changed
 	p := &s.policies
 	p.mu.Lock()

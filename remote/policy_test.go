@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"errors"
+	"github.com/leasehold/leasehold/internal/keys"
 	"reflect"
 	"testing"
 	"time"
@@ -52,8 +53,8 @@ func TestPolicyRecordsEverywhere(t *testing.T) {
 				t.Fatalf("GetPolicy = %+v, %v, %v", got, ok, err)
 			}
 			if be.client != nil {
-				if ttl := be.ttl(PolicyKey("", name)); ttl < PolicyTTL-time.Minute || ttl > PolicyTTL {
-					t.Fatalf("policy record TTL %v, want about %v", ttl, PolicyTTL)
+				if ttl := be.ttl(keys.Policy("", name)); ttl < policyTTL-time.Minute || ttl > policyTTL {
+					t.Fatalf("policy record TTL %v, want about %v", ttl, policyTTL)
 				}
 			}
 			if _, _, err := ps.SetPolicy(ctx, "", name, PolicyRecord{Limit: v1.Limit}); !errors.Is(err, ErrInvalidPolicy) {
@@ -63,7 +64,7 @@ func TestPolicyRecordsEverywhere(t *testing.T) {
 				t.Fatalf("SetPolicy(empty name) = %v, want ErrInvalidPolicy", err)
 			}
 			if be.client != nil {
-				require.NoError(t, be.client.Set(ctx, PolicyKey("", name), "garbage", 0).Err())
+				require.NoError(t, be.client.Set(ctx, keys.Policy("", name), "garbage", 0).Err())
 				if _, _, err := ps.GetPolicy(ctx, "", name); !errors.Is(err, ErrCorruptState) {
 					t.Fatalf("GetPolicy on garbage = %v, want ErrCorruptState", err)
 				}

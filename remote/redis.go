@@ -24,7 +24,7 @@ import (
 // Build the client with ContextTimeoutEnabled: true. Without it go-redis
 // bounds an in-flight read by ReadTimeout (3 s by default, per retry), not
 // by the context, so a hung server holds each call far longer than the
-// store timeout; CheckClient reports the mistake and hybrid.New logs it.
+// store timeout; checkClient reports the mistake and hybrid.New logs it.
 //
 // A RedisStore is safe for concurrent use. The zero value is not usable;
 // call NewRedis. It does not own the client: closing the client is the
@@ -99,9 +99,9 @@ func NewRedis(c redis.UniversalClient, opts ...RedisOption) *RedisStore {
 	return s
 }
 
-// CheckClient reports settings of c that keep the store from meeting its
+// checkClient reports settings of c that keep the store from meeting its
 // deadlines, for the client types go-redis provides.
-func CheckClient(c redis.UniversalClient) error {
+func checkClient(c redis.UniversalClient) error {
 	var enabled bool
 	switch c := c.(type) {
 	case *redis.Client:
@@ -119,8 +119,8 @@ func CheckClient(c redis.UniversalClient) error {
 	return nil
 }
 
-// Check runs CheckClient on the store's client.
-func (s *RedisStore) Check() error { return CheckClient(s.c) }
+// Check runs checkClient on the store's client.
+func (s *RedisStore) Check() error { return checkClient(s.c) }
 
 // CheckEviction reports, as an error, a server whose maxmemory-policy may
 // evict leasehold's keys: an allkeys-* policy evicts buckets like any key,
@@ -274,7 +274,7 @@ func scriptArgs(op Op, r *Request) (string, *redis.Script, []any, error) {
 	if err != nil {
 		return "", nil, nil, err
 	}
-	key := TierBucketKey(r.Prefix, r.Policy, r.Tier, r.Key)
+	key := bucketKey(r)
 	if !r.shaped() {
 		return key, bucketScript, []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version,
 			int64(r.MaxDelay / time.Microsecond), -maxDebt, TTLMargin.Milliseconds(), r.Need}, nil
@@ -356,7 +356,7 @@ func parseReply(key string, v any) (Result, error) {
 			return Result{}, fmt.Errorf("remote: bucket %q: %w: field %d is %T", key, ErrCorruptState, i, x)
 		}
 	}
-	if n[0] < 0 || n[1] < 0 || n[2] < 0 || n[3] < 0 || n[4] < 0 || n[6] < 0 || n[9] < 0 || n[9] >= MaxLimits {
+	if n[0] < 0 || n[1] < 0 || n[2] < 0 || n[3] < 0 || n[4] < 0 || n[6] < 0 || n[9] < 0 || n[9] >= maxLimits {
 		return Result{}, fmt.Errorf("remote: bucket %q: %w: negative field in %v", key, ErrCorruptState, n)
 	}
 	return Result{

@@ -3,28 +3,15 @@ package remote
 import (
 	"context"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/keys"
 	"sync"
 	"time"
 )
 
-// Regions is implemented by stores that serve as a parent to Tiered
-// stores: each region reports its weight (its live limiters) every beat,
-// and learns the weight of the world, so that a region cut off from the
-// parent knows its share. Both stores implement it, and so does Tiered,
-// so that tiers can nest.
-type Regions interface {
-	// Weigh records region's weight until expiry and returns the sum of
-	// the weights of every region heard from within its expiry.
-	Weigh(ctx context.Context, prefix, policy, region string, weight int64, expiry time.Duration) (int64, error)
-}
-
-var (
-	_ Regions = (*RedisStore)(nil)
-	_ Regions = (*MemoryStore)(nil)
-)
-
-// WorldKey returns the key of the hash of region weights of a policy.
-func WorldKey(prefix, policy string) string { return internalKey(prefix, policy, "world") }
+// Weigh keeps region weights for tiers of stores (package remote/tiered),
+// whose parent store both stores can be: each region reports its weight
+// (its live limiters) every beat and learns the weight of the world, so
+// that a region cut off from the parent knows its share.
 
 func validateWeigh(prefix, policy, region string, weight int64, expiry time.Duration) error {
 	if err := validateFleet(prefix, policy, region, expiry); err != nil {
@@ -36,12 +23,13 @@ func validateWeigh(prefix, policy, region string, weight int64, expiry time.Dura
 	return nil
 }
 
-// Weigh implements Regions.
+// Weigh records region's weight until expiry and returns the sum of the
+// weights of every region heard from within its expiry.
 func (s *RedisStore) Weigh(ctx context.Context, prefix, policy, region string, weight int64, expiry time.Duration) (int64, error) {
 	if err := validateWeigh(prefix, policy, region, weight, expiry); err != nil {
 		return 0, err
 	}
-	key := WorldKey(prefix, policy)
+	key := keys.World(prefix, policy)
 	n, err := weighScript.Run(ctx, s.c, []string{key}, region, weight, expiry.Milliseconds()).Int64()
 	if err != nil {
 		return 0, s.failed(key, err)
@@ -54,7 +42,7 @@ type memRegions struct {
 	worlds map[string]map[string][2]int64 // world key -> region -> weight, deadline µs
 }
 
-// Weigh implements Regions.
+// Weigh is RedisStore.Weigh in memory.
 func (s *MemoryStore) Weigh(ctx context.Context, prefix, policy, region string, weight int64, expiry time.Duration) (int64, error) {
 	if err := validateWeigh(prefix, policy, region, weight, expiry); err != nil {
 		return 0, err
@@ -63,7 +51,7 @@ func (s *MemoryStore) Weigh(ctx context.Context, prefix, policy, region string, 
 		return 0, err
 	}
 	now := s.clk.Now().UnixMicro()
-	key := WorldKey(prefix, policy)
+	key := keys.World(prefix, policy)
 	w := &s.regions
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -1,27 +1,13 @@
 package remote
 
-import "github.com/redis/go-redis/v9"
+import (
+	"github.com/redis/go-redis/v9"
 
-// luaPrelude starts every bucket script: effects replication where the
-// server needs it asked for (TIME makes a script non-deterministic), and
-// exact integer division on doubles. idiv is floor division with a
-// non-negative remainder, corrected for the rounding of the float
-// division; cdiv rounds up.
-const luaPrelude = `
-if redis.replicate_commands then pcall(redis.replicate_commands) end
+	"github.com/leasehold/leasehold/internal/lua"
+)
 
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then q = q - 1; r = r + b elseif r >= b then q = q + 1; r = r - b end
-  return q, r
-end
-local function cdiv(a, b)
-  local q, r = idiv(a, b)
-  if r > 0 then q = q + 1 end
-  return q
-end
-`
+// luaPrelude starts every bucket script (see lua.Prelude).
+const luaPrelude = lua.Prelude
 
 // bucketLua is one token bucket per key, refilled lazily from Redis TIME.
 // apply in bucket.go is its Go twin; keep the two in step.
@@ -222,7 +208,7 @@ var heartbeatScript = redis.NewScript(heartbeatLua)
 // shape. The record is the string "version rate period_us burst", followed
 // by a space and the shape (JSON, see PolicyRecord) when there is one.
 // Like every key
-// leasehold writes it has a TTL, a long one (PolicyTTL): limiters republish
+// leasehold writes it has a TTL, a long one (policyTTL): limiters republish
 // the version they enforce when they find no record, so an expired record
 // heals itself at the next poll.
 // Reply: {applied (0/1), stored record string}; parsePolicyReply reads it.
@@ -591,100 +577,6 @@ return {granted, 0, remaining, retry, reset, now, sver, stale, created, binding}
 `
 
 var shapeScript = redis.NewScript(shapeLua)
-
-// poolLua is applyPool in Redis. KEYS[1] the pool key; ARGV[1] op,
-// ARGV[2..8] a..g, ARGV[9] the key's TTL in ms. State, a string:
-// "Q level exp claim down ver rem full used at". Reply: {granted, claimed,
-// now, level, exp, claim, down, ver, rem, full, used, at, since}.
-//
-// put's e is the parent's reset µs for a bucket pool and -1 for a window
-// pool, whose tokens lapse with the oldest deposit still held.
-var poolLua = luaPrelude + `
-local raw = redis.pcall('GET', KEYS[1])
-if type(raw) == 'table' and raw.err then
-  return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local s = {level = 0, exp = 0, claim = 0, down = 0, ver = 0, rem = 0, full = 0, used = 0, at = 0}
-if raw then
-  local f = {}
-  for v in string.gmatch(raw, '%S+') do f[#f + 1] = v end
-  if #f ~= 10 or f[1] ~= 'Q' then
-    return redis.error_reply('LEASEHOLD_CORRUPT pool state')
-  end
-  local names = {'level', 'exp', 'claim', 'down', 'ver', 'rem', 'full', 'used', 'at'}
-  for i, name in ipairs(names) do
-    local v = tonumber(f[i + 1])
-    if not v or v ~= math.floor(v) then
-      return redis.error_reply('LEASEHOLD_CORRUPT pool state')
-    end
-    s[name] = v
-  end
-end
-local op = ARGV[1]
-local a, b, c, d, e = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local f, g = tonumber(ARGV[7]), tonumber(ARGV[8])
-local granted, claimed, since = 0, 0, 0
-if op == 'take' then
-  local usable = s.level
-  if c >= 0 and now + c > s.exp then usable = 0 end
-  local need = b
-  if need < 1 then need = 1 end
-  if g < s.ver then
-  elseif usable >= a then granted = a
-  elseif usable >= need then granted = usable end
-  s.level = s.level - granted
-  usable = usable - granted
-  if granted > 0 then s.used = s.used + granted else s.used = s.used + a end
-  local low = d
-  if s.at > 0 and now > s.at then
-    local q = cdiv(s.used * f, now - s.at)
-    if q > low then low = q end
-  end
-  if usable < low and now >= s.claim then s.claim = now + e; claimed = 1 end
-elseif op == 'put' then
-  if c > s.ver and s.ver ~= 0 and s.level > 0 then
-    if e >= 0 then granted = s.level end
-    s.level = 0
-  end
-  if e >= 0 then
-    s.exp = b
-    s.full = now + e
-  elseif a == 0 then
-  else
-    if s.level > 0 then granted = s.level; since = s.full end
-    s.level = 0
-    s.exp = b
-    s.full = f
-  end
-  s.level = s.level + a
-  s.down = 0
-  if c > s.ver then s.ver = c end
-  s.rem = d
-  s.used = 0
-  s.at = now
-elseif op == 'fail' then
-  s.down = now
-elseif op == 'give' then
-  if b == 0 or (b >= s.at and now < s.exp) then s.level = s.level + a end
-elseif op == 'drain' then
-  if s.exp > 0 and now >= s.exp then granted = s.level; since = s.full; s.level = 0 end
-elseif op == 'beat' then
-  if now >= s.claim then s.claim = now + a; claimed = 1 end
-elseif op == 'weigh' then
-  s.level = a
-  s.rem = b
-  s.down = 0
-else
-  return redis.error_reply('ERR leasehold pool: unknown op ' .. tostring(op))
-end
-redis.call('SET', KEYS[1], string.format('Q %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f',
-  s.level, s.exp, s.claim, s.down, s.ver, s.rem, s.full, s.used, s.at), 'PX', ARGV[9])
-return {granted, claimed, now, s.level, s.exp, s.claim, s.down, s.ver, s.rem, s.full, s.used, s.at, since}
-`
-
-var poolScript = redis.NewScript(poolLua)
 
 // weighLua keeps a hash of region -> "weight deadline_ms" by Redis TIME.
 // KEYS[1] the world key; ARGV[1] region; ARGV[2] weight; ARGV[3] expiry ms.

@@ -76,8 +76,8 @@ func validateShape(op Op, r *Request) ([]shapeLimit, error) {
 		shortest = min(shortest, l.Period)
 		capN = min(capN, m.Burst)
 	}
-	if len(out) > MaxLimits {
-		return nil, fmt.Errorf("remote: policy %q: %w: %d limits, at most %d", r.Policy, ErrInvalidPolicy, len(out), MaxLimits)
+	if len(out) > maxLimits {
+		return nil, fmt.Errorf("remote: policy %q: %w: %d limits, at most %d", r.Policy, ErrInvalidPolicy, len(out), maxLimits)
 	}
 	if r.Hold < 0 || (r.Window && r.Hold > shortest/10) {
 		return nil, fmt.Errorf("remote: policy %q: %w: hold %v outside [0, %v]", r.Policy, local.ErrInvalidLimit, r.Hold, shortest/10)
@@ -88,8 +88,8 @@ func validateShape(op Op, r *Request) ([]shapeLimit, error) {
 	return out, nil
 }
 
-// MaxLimits is the most limits one policy may carry (Limit and Also).
-const MaxLimits = 8
+// maxLimits is the most limits one policy may carry (Limit and Also).
+const maxLimits = 8
 
 func newWindow(l shapeLimit, now int64) window {
 	w := window{rate: l.m.Rate, per: l.m.Per, last: now}

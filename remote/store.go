@@ -5,10 +5,8 @@
 // runs the same integer arithmetic in Go over a clock.Clock, for the
 // simulator, tests and single-process use.
 //
-// Tiered is a Store for one region of a fleet that spans several: it
-// answers from the region's own store and refills from a parent store (the
-// world's) in the background, so one global limit holds across regions
-// while no decision waits for the parent.
+// Tiers of stores, for fleets across regions, live in package
+// remote/tiered.
 //
 // The store knows nothing of how leased tokens are spent; that is the hybrid
 // layer's job.
@@ -19,9 +17,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"github.com/leasehold/leasehold/internal/exact"
+	"github.com/leasehold/leasehold/internal/keys"
 	"github.com/leasehold/leasehold/local"
 )
 
@@ -29,10 +27,10 @@ import (
 var (
 	// ErrInvalidKey reports an empty key, a key over MaxKeyLen bytes, or a
 	// prefix containing a brace.
-	ErrInvalidKey = errors.New("remote: invalid key")
-	// ErrInvalidPolicy reports an empty or overlong policy name, or a
-	// version too large to store exactly.
-	ErrInvalidPolicy = errors.New("remote: invalid policy")
+	ErrInvalidKey = keys.ErrInvalidKey
+	// ErrInvalidPolicy reports an empty or overlong policy name, an
+	// invalid tier name, or a version too large to store exactly.
+	ErrInvalidPolicy = keys.ErrInvalidPolicy
 	// ErrUnavailable reports that the store could not be reached or did
 	// not answer in time.
 	ErrUnavailable = errors.New("remote: store unavailable")
@@ -48,14 +46,12 @@ var (
 
 const (
 	// MaxKeyLen is the longest user key accepted, in bytes.
-	MaxKeyLen = 1024
-	// MaxPolicyNameLen is the longest policy name accepted, in bytes.
-	MaxPolicyNameLen = 256
+	MaxKeyLen = keys.MaxKeyLen
 	// MaxVersion is the largest policy version a store can keep exactly.
 	MaxVersion = uint64(1) << 53
 	// DefaultPrefix is put in front of every Redis key unless a request
 	// names another.
-	DefaultPrefix = "leasehold:"
+	DefaultPrefix = keys.DefaultPrefix
 )
 
 // Op names a store operation, for Batch.
@@ -199,13 +195,28 @@ type Store interface {
 	Batch(ctx context.Context, op Op, rs []Request) []Reply
 }
 
+// Validate reports whether r is a valid request for op, with the error
+// every Store answers it with. Stores that wrap others (as tiers of
+// stores do) check their requests with it.
+func (r Request) Validate(op Op) error {
+	if _, err := validate(op, &r); err != nil {
+		return err
+	}
+	if r.shaped() {
+		if _, err := validateShape(op, &r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // validate checks a request for op; it is shared by every Store so that bad
 // input gets the same error everywhere.
 func validate(op Op, r *Request) (exact.Micros, error) {
 	if err := validateKey(r.Prefix, r.Policy, r.Key); err != nil {
 		return exact.Micros{}, err
 	}
-	if err := ValidateTier(r.Tier); err != nil {
+	if err := keys.ValidateTier(r.Tier); err != nil {
 		return exact.Micros{}, err
 	}
 	if r.Version > MaxVersion {
@@ -246,45 +257,4 @@ func validate(op Op, r *Request) (exact.Micros, error) {
 		return exact.Micros{}, fmt.Errorf("remote: unknown op %d", int(op))
 	}
 	return m, nil
-}
-
-// ValidateKey reports whether prefix, policy and key can name a bucket.
-func ValidateKey(prefix, policy, key string) error { return validateKey(prefix, policy, key) }
-
-func validateKey(prefix, policy, key string) error {
-	switch {
-	case key == "":
-		return fmt.Errorf("%w: empty key", ErrInvalidKey)
-	case len(key) > MaxKeyLen:
-		return fmt.Errorf("%w: key of %d bytes, limit %d", ErrInvalidKey, len(key), MaxKeyLen)
-	case policy == "":
-		return fmt.Errorf("%w: empty name", ErrInvalidPolicy)
-	case len(policy) > MaxPolicyNameLen || !utf8.ValidString(policy):
-		return fmt.Errorf("%w: name %.40q is not UTF-8 of at most %d bytes", ErrInvalidPolicy, policy, MaxPolicyNameLen)
-	}
-	for i := 0; i < len(prefix); i++ {
-		if prefix[i] == '{' || prefix[i] == '}' {
-			return fmt.Errorf("%w: prefix %q contains a brace", ErrInvalidKey, prefix)
-		}
-	}
-	return nil
-}
-
-// MaxTierLen is the longest tier name accepted, in bytes.
-const MaxTierLen = 64
-
-// ValidateTier reports whether name can name a tier: "" (none), or 1 to
-// MaxTierLen letters, digits, '.', '_' or '-'.
-func ValidateTier(name string) error {
-	if len(name) > MaxTierLen {
-		return fmt.Errorf("%w: tier name of %d bytes, limit %d", ErrInvalidPolicy, len(name), MaxTierLen)
-	}
-	for i := 0; i < len(name); i++ {
-		switch c := name[i]; {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
-		default:
-			return fmt.Errorf("%w: tier %q: only letters, digits, '.', '_' and '-'", ErrInvalidPolicy, name)
-		}
-	}
-	return nil
 }

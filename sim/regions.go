@@ -1,18 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/remote"
+	"github.com/leasehold/leasehold/remote/tiered"
 )
 
 // RegionSpec is one region of a tiered world: its processes share the
@@ -34,52 +32,55 @@ type RegionSpec struct {
 // has blocked on the virtual clock again or ended (settle), so no call
 // ever runs alongside the simulation loop.
 //
-// Only calls on goroutines spawn started wait: a call a process makes on
-// its own goroutine (a debit after an outage, a policy write) runs inside
-// the simulation loop, which cannot wait on the clock it drives, so it
-// takes no virtual time.
+// Only the stores' background calls wait: they carry a context value
+// (background, through tiered.WithBaseContext). A call a process makes on
+// its own (a debit after an outage, a policy write) runs inside the
+// simulation loop, which cannot wait on the clock it drives, so it takes
+// no virtual time.
 type sched struct {
-	running atomic.Int64 // calls started and not ended
-	waiting atomic.Int64 // of them, blocked on the virtual clock
-	spawned sync.Map     // goroutine id -> struct{}, while it runs
+	mu      sync.Mutex
+	changed sync.Cond // signalled whenever running or waiting changes
+	running int       // calls started and not ended
+	waiting int       // of them, blocked on the virtual clock
+}
+
+// background marks the context of a tiered store's background calls.
+type background struct{}
+
+// baseContext is the base context of every tiered store of the world.
+var baseContext = context.WithValue(context.Background(), background{}, true)
+
+func newSched() *sched {
+	s := &sched{}
+	s.changed.L = &s.mu
+	return s
+}
+
+// add changes the counts and wakes settle.
+func (s *sched) add(running, waiting int) {
+	s.mu.Lock()
+	s.running += running
+	s.waiting += waiting
+	s.mu.Unlock()
+	s.changed.Broadcast()
 }
 
 func (s *sched) spawn(run func()) {
-	s.running.Add(1)
+	s.add(1, 0)
 	go func() {
-		id := goroutineID()
-		s.spawned.Store(id, struct{}{})
-		defer func() {
-			s.spawned.Delete(id)
-			s.running.Add(-1)
-		}()
+		defer s.add(-1, 0)
 		run()
 	}()
 	s.settle()
 }
 
-// onSpawned reports whether the caller runs on a goroutine spawn started.
-func (s *sched) onSpawned() bool {
-	_, ok := s.spawned.Load(goroutineID())
-	return ok
-}
-
-// goroutineID reads the calling goroutine's id from its stack header,
-// "goroutine N [...". The simulation alone needs it, to tell its own
-// loop from the calls it schedules.
-func goroutineID() uint64 {
-	var buf [32]byte
-	b := buf[:runtime.Stack(buf[:], false)]
-	b = bytes.TrimPrefix(b, []byte("goroutine "))
-	id, _ := strconv.ParseUint(string(b[:bytes.IndexByte(b, ' ')]), 10, 64)
-	return id
-}
-
 // settle returns once every running call is waiting or ended.
 func (s *sched) settle() {
-	for s.running.Load() != s.waiting.Load() {
-		runtime.Gosched()
+	s.mu.Lock()
+	for s.running != s.waiting {
+		s.changed.Wait()
 	}
+	s.mu.Unlock()
 }
 
 // link is a region's view of the world's store: every call takes the
@@ -96,7 +97,7 @@ type link struct {
 	calls atomic.Int64
 }
 
-var _ remote.Parent = (*link)(nil)
+var _ tiered.Parent = (*link)(nil)
 
 var errLinkCut = fmt.Errorf("sim: link to the world's store: %w: %w", remote.ErrUnavailable, remote.ErrUnreachable)
 
@@ -107,22 +108,22 @@ func (l *link) cross(ctx context.Context) error {
 	if l.cut.Load() {
 		return errLinkCut
 	}
-	if !l.sched.onSpawned() {
-		return nil
+	if ctx.Value(background{}) == nil {
+		return nil // a process's own call: no virtual time (see sched)
 	}
 	l.mu.Lock()
 	rtt := 2 * ms(l.spec.LinkMS+l.spec.LinkJitterMS*l.rng.Float64())
 	l.mu.Unlock()
 	done := make(chan struct{})
 	var once sync.Once
-	wake := func() { once.Do(func() { l.sched.waiting.Add(-1); close(done) }) }
+	wake := func() { once.Do(func() { l.sched.add(0, -1); close(done) }) }
 	tm := l.clk.AfterFunc(rtt, func() {
 		wake()
 		l.sched.settle() // the call runs to its end before time moves on
 	})
 	// Counted as waiting only once the timer is set: until then settle
 	// holds the simulation (and its clock) back.
-	l.sched.waiting.Add(1)
+	l.sched.add(0, 1)
 	select {
 	case <-done:
 	case <-ctx.Done():
@@ -200,7 +201,7 @@ type region struct {
 
 // newRegions builds the world's regions, each with its own store and link.
 func (w *world) newRegions() {
-	w.sched = &sched{}
+	w.sched = newSched()
 	for i, spec := range w.sc.Regions {
 		w.regions = append(w.regions, &region{spec: spec, store: remote.NewMemory(w.clk), link: &link{
 			world: w.mem, clk: w.clk, sched: w.sched, spec: spec,
@@ -210,11 +211,11 @@ func (w *world) newRegions() {
 }
 
 // tiered returns a new Tiered store for a process of region ri.
-func (w *world) tiered(ri int) (*remote.Tiered, error) {
+func (w *world) tiered(ri int) (*tiered.Store, error) {
 	rg := w.regions[ri]
 	w.incarnations++
-	return remote.NewTiered(rg.spec.Name, rg.store, rg.link, remote.WithTieredClock(w.clk), remote.WithSpawn(w.sched.spawn),
-		remote.WithTieredSeed(w.seed*1_000_033+w.incarnations))
+	return tiered.New(rg.spec.Name, rg.store, rg.link, tiered.WithClock(w.clk), tiered.WithSpawn(w.sched.spawn),
+		tiered.WithBaseContext(baseContext), tiered.WithSeed(w.seed*1_000_033+w.incarnations))
 }
 
 // regionOf returns the region index of the process with id (by spawn

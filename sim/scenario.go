@@ -50,7 +50,7 @@ type Scenario struct {
 	// Targets are what the verdict checks.
 	Targets Targets `json:"targets"`
 	// Regions, if set, make a tiered world: each region's processes
-	// lease through a remote.Tiered from the region's own store, which
+	// lease through a tiered.Store from the region's own store, which
 	// leases from the world's store across the region's link. Processes
 	// is then their sum.
 	Regions []RegionSpec `json:"regions"`

@@ -15,6 +15,7 @@ import (
 	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/remote"
+	"github.com/leasehold/leasehold/remote/tiered"
 )
 
 // refillTimeout mirrors hybrid's background store deadline: a modeled call
@@ -39,7 +40,7 @@ type process struct {
 	lim    *hybrid.Limiter
 	clk    *skewClock
 	store  *faultStore
-	tiered *remote.Tiered // the process's store in a tiered world
+	tiered *tiered.Store // the process's store in a tiered world
 	alive  bool
 }
 

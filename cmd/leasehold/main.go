@@ -18,6 +18,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/keys"
 	"io"
 	"maps"
 	"os"
@@ -90,7 +91,7 @@ func bucket(ctx context.Context, s *remote.RedisStore, prefix, policy, key strin
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "key        %s\n", remote.BucketKey(prefix, policy, key))
+	fmt.Fprintf(out, "key        %s\n", keys.Bucket(prefix, policy, "", key))
 	if !b.Exists {
 		fmt.Fprintln(out, "state      no bucket: full (never used, or idle past its TTL)")
 		return nil
@@ -106,7 +107,7 @@ func showPolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, 
 		return err
 	}
 	if !ok {
-		return fmt.Errorf("policy %q: no record at %s (no limiter has published it, or it expired)", name, remote.PolicyKey(prefix, name))
+		return fmt.Errorf("policy %q: no record at %s (no limiter has published it, or it expired)", name, keys.Policy(prefix, name))
 	}
 	fmt.Fprintf(out, "policy  %s\nversion %d\nlimit   %v\n", name, rec.Version, rec.Limit)
 	if rec.Window {

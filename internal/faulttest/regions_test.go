@@ -16,6 +16,7 @@ import (
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/internal/redistest"
 	"github.com/leasehold/leasehold/remote"
+	"github.com/leasehold/leasehold/remote/tiered"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
@@ -33,7 +34,7 @@ type globe struct {
 type member struct {
 	region int
 	lim    *hybrid.Limiter
-	store  *remote.Tiered
+	store  *tiered.Store
 }
 
 // decision is one recorded AllowN: when it returned (since the run
@@ -76,7 +77,7 @@ func newGlobe(t *testing.T, policy hybrid.Policy, oneWay time.Duration) *globe {
 		for i := range limitersPer {
 			pc := redis.NewClient(&redis.Options{Addr: proxy.Listen, ContextTimeoutEnabled: true, MaxRetries: -1})
 			rc := regional.Client(t)
-			ts, err := remote.NewTiered(fmt.Sprintf("region-%d", r), remote.NewRedis(rc), remote.NewRedis(pc))
+			ts, err := tiered.New(fmt.Sprintf("region-%d", r), remote.NewRedis(rc), remote.NewRedis(pc))
 			if err != nil {
 				t.Fatal(err)
 			}

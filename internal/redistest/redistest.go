@@ -422,3 +422,21 @@ func MainWith(m *testing.M, check func() error) {
 	}
 	os.Exit(code)
 }
+
+// FlushScripts runs SCRIPT FLUSH on c's server, or on every master of a
+// cluster, as an operator or a failover to a fresh node would.
+func FlushScripts(t testing.TB, c redis.UniversalClient) {
+	t.Helper()
+	ctx := context.Background()
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		if err := cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
+			return n.ScriptFlush(ctx).Err()
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,4 +1,16 @@
-package remote
+// Package tiered is tiers of stores, for a fleet that spans regions: a
+// region's processes share a Store that answers from the region's own
+// Redis and refills from a parent store (the world's) in the background,
+// so one global limit holds across regions while no decision waits for
+// the parent.
+//
+// The usual entry point is New:
+//
+//	world := remote.NewRedis(worldClient)
+//	eu := remote.NewRedis(euClient)
+//	store, err := tiered.New("eu", eu, world)
+//	lim, err := hybrid.New(store, policy)
+package tiered
 
 import (
 	"context"
@@ -10,35 +22,45 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/keys"
 	"github.com/leasehold/leasehold/local"
+	"github.com/leasehold/leasehold/remote"
 )
 
-// RegionStore is the store a region's processes share: a RedisStore or a
-// MemoryStore (the only stores that can hold a region's pools).
-type RegionStore interface {
-	Store
-	Policies
-	Fleet
-	pooler
+// Region is the store a region's processes share. Its pools need a store
+// that can hold them: a *remote.RedisStore (or any Region whose
+// Client() returns the go-redis client it runs on) or a
+// *remote.MemoryStore; New refuses any other.
+type Region interface {
+	remote.Store
+	remote.Policies
+	remote.Fleet
 }
 
-// Parent is the store a Tiered store leases from: the one that keeps the
-// world's buckets, policies and region weights. A RedisStore, a
-// MemoryStore, or another Tiered store (tiers nest).
+// Parent is the store a tier leases from: the one that keeps the world's
+// buckets, policies and region weights. A *remote.RedisStore, a
+// *remote.MemoryStore, or another tier's *Store (tiers nest).
 type Parent interface {
-	Store
-	Policies
-	Regions
+	remote.Store
+	remote.Policies
+	// Weigh records region's weight (its live limiters) until expiry and
+	// returns the sum of the weights of every region heard from within
+	// its expiry, so that a region cut off from the parent knows its
+	// share.
+	Weigh(ctx context.Context, prefix, policy, region string, weight int64, expiry time.Duration) (int64, error)
 }
 
 var (
-	_ Store    = (*Tiered)(nil)
-	_ Policies = (*Tiered)(nil)
-	_ Fleet    = (*Tiered)(nil)
-	_ Parent   = (*Tiered)(nil)
+	_ Region = (*Store)(nil)
+	_ Parent = (*Store)(nil)
+	_ Parent = (*remote.RedisStore)(nil)
+	_ Parent = (*remote.MemoryStore)(nil)
 )
 
-// Tiered is a Store for the processes of one region. It answers from the
+// errConfig is what New and the options refuse with.
+var errConfig = errors.New("tiered: invalid configuration")
+
+// Store is a remote.Store for the processes of one region. It answers from the
 // region's own store (a pool per bucket, one round trip away) and refills
 // each pool by leasing batches from a parent store, possibly across an
 // ocean, in the background: a process's call never waits for the parent.
@@ -51,7 +73,7 @@ var (
 // refilled for the pool TTL gives what it holds back to the parent.
 //
 // When the parent does not answer, takes go on from the pool; once it is
-// dry, calls fail with ErrUnavailable (and ErrUnreachable) and the
+// dry, calls fail with remote.ErrUnavailable (and remote.ErrUnreachable) and the
 // region's limiters run on their degraded shares, as for any store outage,
 // with the world's size taken from the region weights (every region's live
 // limiters, reported to the parent every beat). Their debits go to the
@@ -71,16 +93,17 @@ var (
 // they came from, if it still holds it. No grant is future-dated
 // (Request.MaxDelay is ignored).
 //
-// A Result from Tiered is the pool's: Remaining is what the pool holds
+// A Result from a Store is the pool's: Remaining is what the pool holds
 // plus what the parent's bucket held at the last refill, ResetAfter the
 // parent's time to full as of that refill, and Created is never set.
 //
 // Close the store after the limiters that use it.
-type Tiered struct {
+type Store struct {
 	region string
-	local  RegionStore
+	local  Region
+	recs   records
 	parent Parent
-	cfg    tieredConfig
+	cfg    config
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -91,11 +114,11 @@ type Tiered struct {
 	rng    *rand.Rand             // guarded by mu
 
 	parentCalls, refills, failures, givenBack, leased atomic.Int64
-	rtt                                               atomic.Int64 // µs of the last refill's round trip
+	rttMicros                                         atomic.Int64 // of the last refill's round trip
 }
 
-// TieredStats counts a Tiered store's work since it was created.
-type TieredStats struct {
+// Stats counts a Store's work since it was created.
+type Stats struct {
 	// ParentCalls is every call made to the parent store: refills, give
 	// backs, debits, beats and policy reads and writes.
 	ParentCalls int64
@@ -108,46 +131,78 @@ type TieredStats struct {
 	Leased, GivenBack int64
 }
 
-// TieredOption configures a Tiered store.
-type TieredOption interface{ apply(*tieredConfig) }
+// Option configures a Store.
+type Option interface{ apply(*config) }
 
-type tieredConfig struct {
+type config struct {
 	gap, horizon, lead, poolTTL, beat, timeout, expiry time.Duration
 	clk                                                clock.Clock
 	spawn                                              func(run func())
 	seed                                               uint64
 	seeded                                             bool
+	base                                               context.Context
 }
 
-type tieredOptionFunc func(*tieredConfig)
+// check names the first bad argument or option of New, and its value.
+func (c *config) check(region string, local Region, parent Parent) error {
+	durations := []struct {
+		name string
+		d    time.Duration
+	}{{"WithRefillGap", c.gap}, {"WithBatchHorizon", c.horizon}, {"WithPoolTTL", c.poolTTL},
+		{"WithRegionBeat", c.beat}, {"WithParentTimeout", c.timeout}, {"WithRegionExpiry", c.expiry}}
+	for _, d := range durations {
+		if d.d <= 0 {
+			return fmt.Errorf("%w: %s(%v): must be positive", errConfig, d.name, d.d)
+		}
+	}
+	switch {
+	case region == "" || len(region) > remote.MaxKeyLen:
+		return fmt.Errorf("%w: region %.40q: 1 to %d bytes", errConfig, region, remote.MaxKeyLen)
+	case local == nil:
+		return fmt.Errorf("%w: nil region store", errConfig)
+	case parent == nil:
+		return fmt.Errorf("%w: nil parent", errConfig)
+	case c.expiry < c.beat:
+		return fmt.Errorf("%w: WithRegionExpiry(%v): shorter than the beat, %v", errConfig, c.expiry, c.beat)
+	case c.clk == nil:
+		return fmt.Errorf("%w: WithClock(nil)", errConfig)
+	case c.spawn == nil:
+		return fmt.Errorf("%w: WithSpawn(nil)", errConfig)
+	case c.base == nil:
+		return fmt.Errorf("%w: WithBaseContext(nil)", errConfig)
+	}
+	return nil
+}
 
-func (f tieredOptionFunc) apply(c *tieredConfig) { f(c) }
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
 
 // WithRefillGap sets the least time between two refills of one pool (by
 // any process of the region; each gap is drawn from [d, 1.25·d]), which
 // bounds the calls a region makes to the parent per bucket. The default is
 // 300 ms.
-func WithRefillGap(d time.Duration) TieredOption {
-	return tieredOptionFunc(func(c *tieredConfig) { c.gap = d })
+func WithRefillGap(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.gap = d })
 }
 
-// WithRefillHorizon sets how far ahead a refill provides: its batch is the
+// WithBatchHorizon sets how far ahead a refill provides: its batch is the
 // region's recent demand over this time. A refill starts when the pool
 // holds less than half of that. The default is 500 ms.
-func WithRefillHorizon(d time.Duration) TieredOption {
-	return tieredOptionFunc(func(c *tieredConfig) { c.horizon = d })
+func WithBatchHorizon(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.horizon = d })
 }
 
 // WithPoolTTL sets how long a bucket pool keeps tokens after its last
 // refill before giving them back to the parent. The default is 2 s.
-func WithPoolTTL(d time.Duration) TieredOption {
-	return tieredOptionFunc(func(c *tieredConfig) { c.poolTTL = d })
+func WithPoolTTL(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.poolTTL = d })
 }
 
 // WithRegionBeat sets how often the region reports its weight to the
 // parent and reads the policy records from it. The default is 2 s.
-func WithRegionBeat(d time.Duration) TieredOption {
-	return tieredOptionFunc(func(c *tieredConfig) { c.beat = d })
+func WithRegionBeat(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.beat = d })
 }
 
 // WithRegionExpiry sets how long the parent counts a region's weight
@@ -156,20 +211,20 @@ func WithRegionBeat(d time.Duration) TieredOption {
 // smaller than it is when the link comes back, and every region's share
 // in the next outage too big. A region that is gone for good keeps the
 // others' shares small until then. The default is 5 minutes.
-func WithRegionExpiry(d time.Duration) TieredOption {
-	return tieredOptionFunc(func(c *tieredConfig) { c.expiry = d })
+func WithRegionExpiry(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.expiry = d })
 }
 
 // WithParentTimeout bounds every background call to the parent. The
 // default is 2 s.
-func WithParentTimeout(d time.Duration) TieredOption {
-	return tieredOptionFunc(func(c *tieredConfig) { c.timeout = d })
+func WithParentTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.timeout = d })
 }
 
-// WithTieredClock sets the clock of the store's timers (give-backs); the
+// WithClock sets the clock of the store's timers (give-backs); the
 // stores' own clocks still decide. The default is the system clock.
-func WithTieredClock(c clock.Clock) TieredOption {
-	return tieredOptionFunc(func(t *tieredConfig) { t.clk = c })
+func WithClock(c clock.Clock) Option {
+	return optionFunc(func(t *config) { t.clk = c })
 }
 
 // WithSpawn sets how the store starts its background calls to the parent
@@ -177,62 +232,68 @@ func WithTieredClock(c clock.Clock) TieredOption {
 // default starts a goroutine. A simulation on a manual clock passes one
 // that returns once run has blocked on its virtual clock or ended, so that
 // its runs replay exactly.
-func WithSpawn(spawn func(run func())) TieredOption {
-	return tieredOptionFunc(func(c *tieredConfig) { c.spawn = spawn })
+func WithSpawn(spawn func(run func())) Option {
+	return optionFunc(func(c *config) { c.spawn = spawn })
 }
 
-// WithTieredSeed makes the store's jitter repeatable, for simulations and
+// WithBaseContext sets the context every background call to the parent
+// (refills, give-backs, beats, policy copies) derives from; Close cancels
+// them all. Its values reach the parent's methods, so a parent can tell
+// these calls from a process's own (a simulation does, to let only them
+// take virtual time). The default is context.Background().
+func WithBaseContext(ctx context.Context) Option {
+	return optionFunc(func(c *config) { c.base = ctx })
+}
+
+// WithSeed makes the store's jitter repeatable, for simulations and
 // tests. By default it is seeded at random.
-func WithTieredSeed(seed uint64) TieredOption {
-	return tieredOptionFunc(func(c *tieredConfig) { c.seed, c.seeded = seed, true })
+func WithSeed(seed uint64) Option {
+	return optionFunc(func(c *config) { c.seed, c.seeded = seed, true })
 }
 
-// NewTiered returns the Store of region, which answers from local and
-// leases from parent. Region names the region among the parent's (its
-// weight's entry): 1 to MaxKeyLen bytes.
-func NewTiered(region string, local RegionStore, parent Parent, opts ...TieredOption) (*Tiered, error) {
-	cfg := tieredConfig{
+// New returns the Store of region, which answers from local and leases
+// from parent. Region names the region among the parent's (its weight's
+// entry): 1 to remote.MaxKeyLen bytes.
+func New(region string, local Region, parent Parent, opts ...Option) (*Store, error) {
+	cfg := config{
 		gap: 300 * time.Millisecond, horizon: 500 * time.Millisecond, poolTTL: 2 * time.Second,
 		beat: 2 * time.Second, timeout: 2 * time.Second, expiry: 5 * time.Minute, clk: clock.Real(),
-		spawn: func(run func()) { go run() },
+		spawn: func(run func()) { go run() }, base: context.Background(),
 	}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	switch {
-	case region == "" || len(region) > MaxKeyLen:
-		return nil, fmt.Errorf("%w: region %.40q", ErrInvalidKey, region)
-	case local == nil || parent == nil:
-		return nil, errors.New("remote: tiered store needs a region store and a parent")
-	case cfg.gap <= 0 || cfg.horizon <= 0 || cfg.poolTTL <= 0 || cfg.beat <= 0 || cfg.timeout <= 0 || cfg.expiry < cfg.beat:
-		return nil, fmt.Errorf("remote: tiered store: durations must be positive: %+v", cfg)
-	case cfg.clk == nil || cfg.spawn == nil:
-		return nil, errors.New("remote: tiered store: nil clock or spawn")
+	if err := cfg.check(region, local, parent); err != nil {
+		return nil, err
+	}
+	recs, err := recordsOf(local)
+	if err != nil {
+		return nil, err
 	}
 	cfg.lead = cfg.horizon / 2
 	if !cfg.seeded {
 		cfg.seed = rand.Uint64()
 	}
-	t := &Tiered{region: region, local: local, parent: parent, cfg: cfg, drains: map[string]clock.Timer{},
+	t := &Store{region: region, local: local, recs: recs, parent: parent, cfg: cfg, drains: map[string]clock.Timer{},
 		rng: rand.New(rand.NewPCG(cfg.seed, 0x7133ed))}
-	t.rtt.Store(cfg.gap.Microseconds() / 3) // until a refill measures it
-	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.rttMicros.Store(cfg.gap.Microseconds() / 3) // until a refill measures it
+	t.ctx, t.cancel = context.WithCancel(cfg.base)
 	return t, nil
 }
 
 // Region returns the region's name.
-func (t *Tiered) Region() string { return t.region }
+func (t *Store) Region() string { return t.region }
 
 // Stats returns the store's counters.
-func (t *Tiered) Stats() TieredStats {
-	return TieredStats{ParentCalls: t.parentCalls.Load(), Refills: t.refills.Load(),
+func (t *Store) Stats() Stats {
+	return Stats{ParentCalls: t.parentCalls.Load(), Refills: t.refills.Load(),
 		Failures: t.failures.Load(), Leased: t.leased.Load(), GivenBack: t.givenBack.Load()}
 }
 
 // Close stops the store's timers and waits for its calls to the parent in
 // flight, which it cancels. Tokens of a refill cancelled on its way are
 // lost to everyone, never spent twice.
-func (t *Tiered) Close() error {
+func (t *Store) Close() error {
 	t.mu.Lock()
 	t.closed = true
 	for k, tm := range t.drains {
@@ -245,8 +306,11 @@ func (t *Tiered) Close() error {
 	return nil
 }
 
+// rtt is the last refill's round trip to the parent.
+func (t *Store) rtt() micros { return micros(t.rttMicros.Load()) }
+
 // spawn runs f in a goroutine that Close waits for; false once closed.
-func (t *Tiered) spawn(f func()) bool {
+func (t *Store) spawn(f func()) bool {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -263,7 +327,7 @@ func (t *Tiered) spawn(f func()) bool {
 
 // windowHold returns, for a sliding-window request, the hold the parent
 // is asked for (a tenth of the shortest period) and true.
-func windowHold(r *Request) (time.Duration, bool) {
+func windowHold(r *remote.Request) (time.Duration, bool) {
 	if !r.Window {
 		return 0, false
 	}
@@ -274,45 +338,33 @@ func windowHold(r *Request) (time.Duration, bool) {
 	return shortest / 10, true
 }
 
-func checkRequest(op Op, r *Request) error {
-	if _, err := validate(op, r); err != nil {
-		return err
-	}
-	if r.shaped() {
-		if _, err := validateShape(op, r); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // Lease implements Store: it takes from the region's pool, and starts a
 // refill from the parent when the pool runs low.
-func (t *Tiered) Lease(ctx context.Context, r Request) (Result, error) {
-	if err := checkRequest(OpLease, &r); err != nil {
-		return Result{}, err
+func (t *Store) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if err := r.Validate(remote.OpLease); err != nil {
+		return remote.Result{}, err
 	}
-	key := PoolKey(r.Prefix, r.Policy, r.Tier, r.Key)
+	key := keys.Pool(r.Prefix, r.Policy, r.Tier, r.Key)
 	// The gap is jittered up to +25%: regions that found the parent empty
 	// would otherwise keep the same order, and the one right after a
 	// refill of the parent would keep getting the most. Never shorter, so
 	// that the gap bounds the calls a region makes.
-	gap := t.cfg.gap.Microseconds()
+	gap := microsOf(t.cfg.gap)
 	t.mu.Lock()
-	gap += t.rng.Int64N(gap/4 + 1)
+	gap += micros(t.rng.Int64N(int64(gap)/4 + 1))
 	t.mu.Unlock()
-	// Refill early enough that the batch lands before the pool is dry:
-	// half the horizon of demand ahead, or a round trip's worth if the
-	// parent is farther than that.
-	lead := max(t.cfg.lead.Microseconds(), t.rtt.Load())
-	args := [7]int64{r.N, max(r.Need, 1), -1, 1, gap, lead, int64(r.Version)}
-	if _, ok := windowHold(&r); ok {
+	take := poolTake{N: r.N, Need: r.Need, LowWater: 1, Claim: gap, Version: r.Version,
+		// Refill early enough that the batch lands before the pool is
+		// dry: half the horizon of demand ahead, or a round trip's
+		// worth if the parent is farther than that.
+		Lead: max(microsOf(t.cfg.lead), t.rtt())}
+	if r.Window {
 		// Window tokens lapse; a lease is refilled when dry, not before.
-		args[2], args[5] = r.Hold.Microseconds(), 0
+		take.Window, take.Hold, take.Lead = true, microsOf(r.Hold), 0
 	}
-	rep, err := t.local.pool(ctx, key, poolTake, args)
+	rep, err := t.recs.pool(ctx, key, take)
 	if err != nil {
-		return Result{}, err
+		return remote.Result{}, err
 	}
 	if rep.claimed {
 		t.spawn(func() { t.refill(r, key, rep) })
@@ -323,7 +375,7 @@ func (t *Tiered) Lease(ctx context.Context, r Request) (Result, error) {
 		return res, nil
 	}
 	if rep.st.down != 0 {
-		return Result{}, t.parentDown(key, rep)
+		return remote.Result{}, t.parentDown(key, rep)
 	}
 	// Retry when the refill in flight should have landed: at most a
 	// round trip to the parent (as this store last measured it), and
@@ -331,22 +383,22 @@ func (t *Tiered) Lease(ctx context.Context, r Request) (Result, error) {
 	// this way until its first refill lands: leasing from the parent on
 	// the caller's path instead would make a limiter whose store timeout
 	// is shorter than the round trip decide by its share, over the bound.
-	wait := min(rep.st.claim-rep.now, t.rtt.Load(), t.cfg.gap.Microseconds())
-	res.RetryAfter = time.Duration(max(wait, 1000)) * time.Microsecond
+	wait := min(rep.st.claim-rep.now, t.rtt(), microsOf(t.cfg.gap))
+	res.RetryAfter = max(wait.duration(), time.Millisecond)
 	return res, nil
 }
 
 // parentDown is the error of a call the region cannot serve while its
 // refills find the parent down.
-func (t *Tiered) parentDown(key string, rep poolReply) error {
-	return fmt.Errorf("remote: region %q: pool %q: parent %w: %w since %v", t.region, key,
-		ErrUnavailable, ErrUnreachable, time.UnixMicro(rep.st.down).Format(time.RFC3339Nano))
+func (t *Store) parentDown(key string, rep poolReply) error {
+	return fmt.Errorf("tiered: region %q: pool %q: parent %w: %w since %v", t.region, key,
+		remote.ErrUnavailable, remote.ErrUnreachable, time.UnixMicro(int64(rep.st.down)).Format(time.RFC3339Nano))
 }
 
 // want is the batch a refill asks the parent for: the region's demand
 // since the last refill over the horizon (or two round trips, if longer),
 // at least n and the rate over two gaps, at most cap.
-func (t *Tiered) want(r *Request, rep poolReply) int64 {
+func (t *Store) want(r *remote.Request, rep poolReply) int64 {
 	lim := r.Limit
 	for _, l := range r.Also {
 		if l.Burst*int64(lim.Period) < lim.Burst*int64(l.Period) { // the tightest by Burst/Period
@@ -355,7 +407,7 @@ func (t *Tiered) want(r *Request, rep poolReply) int64 {
 	}
 	// A batch lasts the horizon, or two round trips to a parent farther
 	// than that, so that the next one is back before it runs out.
-	rtt := time.Duration(t.rtt.Load()) * time.Microsecond
+	rtt := t.rtt().duration()
 	horizon := max(t.cfg.horizon, 2*rtt)
 	if hold, ok := windowHold(r); ok {
 		// A window's batch lapses: no more than can be spent in the time
@@ -369,7 +421,7 @@ func (t *Tiered) want(r *Request, rep poolReply) int64 {
 	// refusal), and a slow limit would otherwise refill a token at a time.
 	n := max(r.N, 1, rateOver(lim, 2*t.cfg.gap))
 	if elapsed := rep.now - rep.st.at; rep.st.at > 0 && elapsed > 0 {
-		n = max(n, rep.st.used*horizon.Microseconds()/elapsed)
+		n = max(n, rep.st.used*int64(microsOf(horizon))/int64(elapsed))
 	} else {
 		n = max(n, capN/4) // no demand seen yet
 	}
@@ -383,7 +435,7 @@ func rateOver(lim local.Limit, d time.Duration) int64 {
 
 // refill leases a batch for the pool at key from the parent and deposits
 // it; rep is the take that claimed the refill.
-func (t *Tiered) refill(r Request, key string, rep poolReply) {
+func (t *Store) refill(r remote.Request, key string, rep poolReply) {
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.timeout)
 	defer cancel()
 	pr := r
@@ -397,31 +449,31 @@ func (t *Tiered) refill(r Request, key string, rep poolReply) {
 	res, err := t.parent.Lease(ctx, pr)
 	if err != nil {
 		t.failures.Add(1)
-		_, _ = t.local.pool(ctx, key, poolFail, [7]int64{})
+		_, _ = t.recs.pool(ctx, key, poolFail{})
 		return
 	}
-	t.rtt.Store(max(t.cfg.clk.Now().Sub(start).Microseconds(), 1))
+	t.rttMicros.Store(max(t.cfg.clk.Now().Sub(start).Microseconds(), 1))
 	if res.Version > rep.st.ver {
 		// Processes learn of the version from the pool: the region's
 		// copy of the record must have it first.
 		t.copyPolicy(ctx, r.Prefix, r.Policy)
 	}
-	exp := rep.now + t.cfg.poolTTL.Microseconds()
-	reset, since := res.ResetAfter.Microseconds(), int64(0)
+	put := poolPut{N: res.Granted, Exp: rep.now + microsOf(t.cfg.poolTTL), Version: res.Version,
+		Rem: res.Remaining, Reset: microsOf(res.ResetAfter)}
 	if window {
 		// The parent counts the batch at its own now + hold; rep.now was
 		// read before the call, so the pool's tokens are spent in time.
-		exp, reset, since = rep.now+(hold-r.Hold).Microseconds(), -1, res.Now.UnixMicro()
+		put.Window, put.Exp, put.Since = true, rep.now+microsOf(hold-r.Hold), micros(res.Now.UnixMicro())
 	}
-	put, err := t.local.pool(ctx, key, poolPut, [7]int64{res.Granted, exp, int64(res.Version), res.Remaining, reset, since})
+	got, err := t.recs.pool(ctx, key, put)
 	if err != nil {
 		return // the batch is lost to everyone: never spent twice
 	}
-	if put.granted > 0 {
+	if got.granted > 0 {
 		// A bucket pool's tokens of an older policy version go back, as
 		// a limiter gives back its leases; so does what is left of a
 		// window pool's previous batch, from the sub-window of its grant.
-		t.returnToParent(ctx, r, key, put.granted, put.since)
+		t.returnToParent(ctx, r, key, got.granted, got.since)
 	}
 	if res.Granted > 0 {
 		t.refills.Add(1)
@@ -431,7 +483,7 @@ func (t *Tiered) refill(r Request, key string, rep poolReply) {
 		// window counts no token that was never spent.
 		after := t.cfg.poolTTL
 		if window {
-			after = time.Duration(put.st.exp-put.now) * time.Microsecond
+			after = (got.st.exp - got.now).duration()
 		}
 		t.giveBackAfter(r, key, after)
 	}
@@ -439,7 +491,7 @@ func (t *Tiered) refill(r Request, key string, rep poolReply) {
 
 // giveBackAfter gives the pool at key back to the parent after d, unless a
 // later refill has extended it by then.
-func (t *Tiered) giveBackAfter(r Request, key string, d time.Duration) {
+func (t *Store) giveBackAfter(r remote.Request, key string, d time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -460,10 +512,10 @@ func (t *Tiered) giveBackAfter(r Request, key string, d time.Duration) {
 	t.drains[key] = tm
 }
 
-func (t *Tiered) giveBack(r Request, key string) {
+func (t *Store) giveBack(r remote.Request, key string) {
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.timeout)
 	defer cancel()
-	rep, err := t.local.pool(ctx, key, poolDrain, [7]int64{})
+	rep, err := t.recs.pool(ctx, key, poolDrain{})
 	if err != nil || rep.granted <= 0 {
 		return
 	}
@@ -473,21 +525,21 @@ func (t *Tiered) giveBack(r Request, key string) {
 // returnToParent gives n tokens taken out of the pool at key back to the
 // parent (a window's from the grant at since, the parent's µs), or to a
 // bucket pool if the parent does not take them.
-func (t *Tiered) returnToParent(ctx context.Context, r Request, key string, n, since int64) {
+func (t *Store) returnToParent(ctx context.Context, r remote.Request, key string, n int64, since micros) {
 	pr := r
 	pr.N, pr.Min, pr.Need, pr.MaxDelay, pr.Since = n, 0, 0, 0, time.Time{}
 	if hold, window := windowHold(&r); window {
 		if since <= 0 {
 			return // no grant to take them back from: they lapse
 		}
-		pr.Hold, pr.Since = hold, time.UnixMicro(since)
+		pr.Hold, pr.Since = hold, time.UnixMicro(int64(since))
 	}
 	t.parentCalls.Add(1)
 	if _, err := t.parent.Return(ctx, pr); err != nil {
 		t.failures.Add(1)
 		if !r.Window {
 			// Back into the pool, for the region or the next give-back.
-			_, _ = t.local.pool(ctx, key, poolGive, [7]int64{n})
+			_, _ = t.recs.pool(ctx, key, poolGive{N: n})
 		}
 		return
 	}
@@ -497,23 +549,23 @@ func (t *Tiered) returnToParent(ctx context.Context, r Request, key string, n, s
 // Return implements Store: tokens go back to the region's pool. A window's
 // go back only into the batch they came from (Request.Since no earlier than
 // its deposit), while it has not lapsed; otherwise they lapse.
-func (t *Tiered) Return(ctx context.Context, r Request) (Result, error) {
-	if err := checkRequest(OpReturn, &r); err != nil {
-		return Result{}, err
+func (t *Store) Return(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if err := r.Validate(remote.OpReturn); err != nil {
+		return remote.Result{}, err
 	}
-	args := [7]int64{r.N}
+	give := poolGive{N: r.N}
 	if r.Window {
 		if r.Since.IsZero() {
-			return Result{Now: t.cfg.clk.Now(), Version: r.Version}, nil // nothing comes back
+			return remote.Result{Now: t.cfg.clk.Now(), Version: r.Version}, nil // nothing comes back
 		}
 		// Back into the pool if they came from the batch it holds, to
 		// be handed out again before it lapses (or given back with it).
-		args[1] = max(r.Since.UnixMicro(), 1)
+		give.Since = max(micros(r.Since.UnixMicro()), 1)
 	}
-	key := PoolKey(r.Prefix, r.Policy, r.Tier, r.Key)
-	rep, err := t.local.pool(ctx, key, poolGive, args)
+	key := keys.Pool(r.Prefix, r.Policy, r.Tier, r.Key)
+	rep, err := t.recs.pool(ctx, key, give)
 	if err != nil {
-		return Result{}, err
+		return remote.Result{}, err
 	}
 	return poolResult(&r, rep), nil
 }
@@ -521,52 +573,53 @@ func (t *Tiered) Return(ctx context.Context, r Request) (Result, error) {
 // poolResult is what a pool's reply tells a caller of r: the pool's tokens
 // and the parent's as of the last refill, and for a bucket the parent's
 // time to full as of then.
-func poolResult(r *Request, rep poolReply) Result {
-	res := Result{Remaining: max(rep.st.level+rep.st.rem, 0), Now: time.UnixMicro(rep.now), Version: max(rep.st.ver, r.Version)}
-	if !r.Window { // a window pool keeps its grant's time where a bucket pool keeps this
-		res.ResetAfter = time.Duration(max(rep.st.full-rep.now, 0)) * time.Microsecond
+func poolResult(r *remote.Request, rep poolReply) remote.Result {
+	res := remote.Result{Remaining: max(rep.st.level+rep.st.rem, 0), Now: time.UnixMicro(int64(rep.now)),
+		Version: max(rep.st.ver, r.Version)}
+	if !r.Window {
+		res.ResetAfter = max(rep.st.full-rep.now, 0).duration()
 	}
 	return res
 }
 
 // Debit implements Store: tokens admitted without a lease (in an outage)
 // are charged to the parent's bucket, which granted none of them.
-func (t *Tiered) Debit(ctx context.Context, r Request) (Result, error) {
-	if err := checkRequest(OpDebit, &r); err != nil {
-		return Result{}, err
+func (t *Store) Debit(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if err := r.Validate(remote.OpDebit); err != nil {
+		return remote.Result{}, err
 	}
 	// While the region's refills find the parent down, a debit would only
 	// fail too: it waits for the next refill that gets through.
-	key := PoolKey(r.Prefix, r.Policy, r.Tier, r.Key)
-	rep, err := t.local.pool(ctx, key, poolGive, [7]int64{})
+	key := keys.Pool(r.Prefix, r.Policy, r.Tier, r.Key)
+	rep, err := t.recs.pool(ctx, key, poolRead{})
 	if err != nil {
-		return Result{}, err
+		return remote.Result{}, err
 	}
 	if rep.st.down != 0 {
-		return Result{}, t.parentDown(key, rep)
+		return remote.Result{}, t.parentDown(key, rep)
 	}
 	t.parentCalls.Add(1)
 	res, err := t.parent.Debit(ctx, r)
 	if err != nil {
 		t.failures.Add(1)
-		return Result{}, fmt.Errorf("remote: region %q: debit at the parent: %w", t.region, err)
+		return remote.Result{}, fmt.Errorf("tiered: region %q: debit at the parent: %w", t.region, err)
 	}
 	return res, nil
 }
 
 // Batch implements Store, one call at a time.
-func (t *Tiered) Batch(ctx context.Context, op Op, rs []Request) []Reply {
-	out := make([]Reply, len(rs))
+func (t *Store) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
+	out := make([]remote.Reply, len(rs))
 	for i, r := range rs {
 		switch op {
-		case OpLease:
+		case remote.OpLease:
 			out[i].Result, out[i].Err = t.Lease(ctx, r)
-		case OpReturn:
+		case remote.OpReturn:
 			out[i].Result, out[i].Err = t.Return(ctx, r)
-		case OpDebit:
+		case remote.OpDebit:
 			out[i].Result, out[i].Err = t.Debit(ctx, r)
 		default:
-			out[i].Err = fmt.Errorf("remote: unknown op %v", op)
+			out[i].Err = fmt.Errorf("tiered: unknown op %v", op)
 		}
 	}
 	return out
@@ -577,12 +630,12 @@ func (t *Tiered) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 // weight, as the last beat read it), or the region's while that is not
 // known yet. One process per region and beat reports the region's weight
 // to the parent.
-func (t *Tiered) Heartbeat(ctx context.Context, prefix, policy, member string, expiry time.Duration) (int, error) {
+func (t *Store) Heartbeat(ctx context.Context, prefix, policy, member string, expiry time.Duration) (int, error) {
 	n, err := t.local.Heartbeat(ctx, prefix, policy, member, expiry)
 	if err != nil {
 		return 0, err
 	}
-	rep, err := t.local.pool(ctx, RegionKey(prefix, policy), poolBeat, [7]int64{t.cfg.beat.Microseconds()})
+	rep, err := t.recs.region(ctx, keys.Region(prefix, policy), regionBeat{Claim: microsOf(t.cfg.beat)})
 	if err != nil {
 		return 0, err
 	}
@@ -593,16 +646,16 @@ func (t *Tiered) Heartbeat(ctx context.Context, prefix, policy, member string, e
 			// stopped heartbeating while they were cut off (degraded),
 			// so this count is still filling up. Report at least what
 			// the region reported before the cut.
-			weight = max(weight, rep.st.rem)
+			weight = max(weight, rep.st.own)
 		}
 		t.spawn(func() { t.beatOnce(prefix, policy, weight) })
 	}
-	return max(n, int(rep.st.level)), nil
+	return max(n, int(rep.st.world)), nil
 }
 
 // beatOnce reports the region's weight to the parent, keeps the world's,
 // and refreshes the region's copy of the policy.
-func (t *Tiered) beatOnce(prefix, policy string, weight int64) {
+func (t *Store) beatOnce(prefix, policy string, weight int64) {
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.timeout)
 	defer cancel()
 	t.parentCalls.Add(1)
@@ -610,29 +663,29 @@ func (t *Tiered) beatOnce(prefix, policy string, weight int64) {
 	if err != nil {
 		t.failures.Add(1)
 		// The region keeps the last weights it knew.
-		_, _ = t.local.pool(ctx, RegionKey(prefix, policy), poolFail, [7]int64{})
+		_, _ = t.recs.region(ctx, keys.Region(prefix, policy), regionFail{})
 		return
 	}
-	if _, err := t.local.pool(ctx, RegionKey(prefix, policy), poolWeigh, [7]int64{world, weight}); err != nil {
+	if _, err := t.recs.region(ctx, keys.Region(prefix, policy), regionWeigh{World: world, Own: weight}); err != nil {
 		return
 	}
 	t.copyPolicy(ctx, prefix, policy)
 }
 
 // Leave implements Fleet.
-func (t *Tiered) Leave(ctx context.Context, prefix, policy, member string) error {
+func (t *Store) Leave(ctx context.Context, prefix, policy, member string) error {
 	return t.local.Leave(ctx, prefix, policy, member)
 }
 
 // Weigh implements Regions for a tier below this one: it reports to the
 // parent.
-func (t *Tiered) Weigh(ctx context.Context, prefix, policy, region string, weight int64, expiry time.Duration) (int64, error) {
+func (t *Store) Weigh(ctx context.Context, prefix, policy, region string, weight int64, expiry time.Duration) (int64, error) {
 	t.parentCalls.Add(1)
 	return t.parent.Weigh(ctx, prefix, policy, region, weight, expiry)
 }
 
 // copyPolicy copies the parent's policy record to the region's store.
-func (t *Tiered) copyPolicy(ctx context.Context, prefix, name string) {
+func (t *Store) copyPolicy(ctx context.Context, prefix, name string) {
 	t.parentCalls.Add(1)
 	rec, ok, err := t.parent.GetPolicy(ctx, prefix, name)
 	if err != nil {
@@ -646,29 +699,33 @@ func (t *Tiered) copyPolicy(ctx context.Context, prefix, name string) {
 
 // SetPolicy implements Policies: the record goes to the parent, for every
 // region, and to the region's copy at once.
-func (t *Tiered) SetPolicy(ctx context.Context, prefix, name string, rec PolicyRecord) (PolicyRecord, bool, error) {
+func (t *Store) SetPolicy(ctx context.Context, prefix, name string, rec remote.PolicyRecord) (remote.PolicyRecord, bool, error) {
 	t.parentCalls.Add(1)
 	cur, stored, err := t.parent.SetPolicy(ctx, prefix, name, rec)
 	if err != nil {
-		return PolicyRecord{}, false, err
+		return remote.PolicyRecord{}, false, err
 	}
 	if _, _, err := t.local.SetPolicy(ctx, prefix, name, cur); err != nil {
-		return PolicyRecord{}, false, err
+		return remote.PolicyRecord{}, false, err
 	}
 	return cur, stored, nil
 }
 
 // GetPolicy implements Policies from the region's copy.
-func (t *Tiered) GetPolicy(ctx context.Context, prefix, name string) (PolicyRecord, bool, error) {
+func (t *Store) GetPolicy(ctx context.Context, prefix, name string) (remote.PolicyRecord, bool, error) {
 	return t.local.GetPolicy(ctx, prefix, name)
 }
 
-// WatchPolicy implements Policies: a change the parent publishes is copied
-// to the region's store before changed is called.
-func (t *Tiered) WatchPolicy(ctx context.Context, prefix, name string, changed func()) (func(), error) {
+// WatchPolicy implements Policies: a change the parent publishes is
+// copied to the region's store before changed is called. The copy runs on
+// the goroutine that delivered the change and is cancelled by Close; it
+// is not one of the store's background calls (WithBaseContext), as it
+// does not start one.
+func (t *Store) WatchPolicy(ctx context.Context, prefix, name string, changed func()) (func(), error) {
 	return t.parent.WatchPolicy(ctx, prefix, name, func() {
-		ctx, cancel := context.WithTimeout(t.ctx, t.cfg.timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), t.cfg.timeout)
 		defer cancel()
+		defer context.AfterFunc(t.ctx, cancel)()
 		t.copyPolicy(ctx, prefix, name)
 		changed()
 	})

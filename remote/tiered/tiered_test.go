@@ -1,10 +1,9 @@
-package remote
+package tiered
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,75 +11,14 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/keys"
 	"github.com/leasehold/leasehold/internal/redistest"
 	"github.com/leasehold/leasehold/local"
+	"github.com/leasehold/leasehold/remote"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
-
-// TestPoolTwinsAgree runs random sequences of pool operations through
-// poolLua (on miniredis) and applyPool (MemoryStore) at the same times:
-// every reply must be equal.
-func TestPoolTwinsAgree(t *testing.T) {
-	mr := miniredis.RunT(t)
-	start := time.Unix(1_700_000_000, 123_456_000)
-	clk := clock.NewManual(start)
-	mr.SetTime(start)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = c.Close() })
-	lua, mem := NewRedis(c), NewMemory(clk)
-	ctx := context.Background()
-	r := rand.New(rand.NewPCG(7, 7))
-	ops := []poolOp{poolTake, poolTake, poolTake, poolPut, poolPut, poolFail, poolGive, poolDrain, poolBeat, poolWeigh}
-	for seq := range 100 {
-		key := fmt.Sprintf("pool-%d", seq)
-		ver := int64(1)
-		for step := range 40 {
-			op := ops[r.IntN(len(ops))]
-			now := clk.Now().UnixMicro()
-			var a [7]int64
-			switch op {
-			case poolTake:
-				hold := int64(-1)
-				if r.IntN(3) == 0 {
-					hold = r.Int64N(200_000)
-				}
-				a = [7]int64{1 + r.Int64N(50), r.Int64N(5), hold, 1 + r.Int64N(20), 1 + r.Int64N(500_000), r.Int64N(500_000), ver - r.Int64N(2)}
-			case poolPut:
-				if r.IntN(6) == 0 {
-					ver++
-				}
-				reset := r.Int64N(2_000_000)
-				if r.IntN(3) == 0 {
-					reset = -1
-				}
-				a = [7]int64{r.Int64N(100), now + r.Int64N(3_000_000) - 500_000, ver, r.Int64N(1000), reset, now - r.Int64N(1000)}
-			case poolGive:
-				a[0] = r.Int64N(30)
-				if r.IntN(2) == 0 {
-					a[1] = now - r.Int64N(2_000_000)
-				}
-			case poolWeigh:
-				a[0], a[1] = r.Int64N(30), r.Int64N(10)
-			case poolBeat:
-				a[0] = 1 + r.Int64N(2_000_000)
-			}
-			got, err1 := lua.pool(ctx, key, op, a)
-			want, err2 := mem.pool(ctx, key, op, a)
-			if err1 != nil || err2 != nil {
-				t.Fatalf("seq %d step %d %s %v: errors %v / %v", seq, step, op, a, err1, err2)
-			}
-			if got != want {
-				t.Fatalf("seq %d step %d %s %v:\nlua %+v\n go %+v", seq, step, op, a, got, want)
-			}
-			d := time.Duration(r.Int64N(int64(700 * time.Millisecond)))
-			clk.Advance(d)
-			mr.SetTime(clk.Now())
-			mr.FastForward(d)
-		}
-	}
-}
 
 // cuttable is a parent that fails every call while cut.
 type cuttable struct {
@@ -89,26 +27,26 @@ type cuttable struct {
 	calls atomic.Int64
 }
 
-var errCut = fmt.Errorf("parent cut: %w: %w", ErrUnavailable, ErrUnreachable)
+var errCut = fmt.Errorf("parent cut: %w: %w", remote.ErrUnavailable, remote.ErrUnreachable)
 
-func (c *cuttable) Lease(ctx context.Context, r Request) (Result, error) {
+func (c *cuttable) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
 	c.calls.Add(1)
 	if c.cut.Load() {
-		return Result{}, errCut
+		return remote.Result{}, errCut
 	}
 	return c.Parent.Lease(ctx, r)
 }
 
-func (c *cuttable) Return(ctx context.Context, r Request) (Result, error) {
+func (c *cuttable) Return(ctx context.Context, r remote.Request) (remote.Result, error) {
 	if c.cut.Load() {
-		return Result{}, errCut
+		return remote.Result{}, errCut
 	}
 	return c.Parent.Return(ctx, r)
 }
 
-func (c *cuttable) Debit(ctx context.Context, r Request) (Result, error) {
+func (c *cuttable) Debit(ctx context.Context, r remote.Request) (remote.Result, error) {
 	if c.cut.Load() {
-		return Result{}, errCut
+		return remote.Result{}, errCut
 	}
 	return c.Parent.Debit(ctx, r)
 }
@@ -124,7 +62,7 @@ func (c *cuttable) Weigh(ctx context.Context, prefix, policy, region string, wei
 // clock.
 type tierWorld struct {
 	clk    *clock.Manual
-	parent *MemoryStore
+	parent *remote.MemoryStore
 	link   *cuttable
 }
 
@@ -134,18 +72,18 @@ func newTierWorld(t *testing.T) *tierWorld {
 	running := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, running) })
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
-	parent := NewMemory(clk)
+	parent := remote.NewMemory(clk)
 	return &tierWorld{clk: clk, parent: parent, link: &cuttable{Parent: parent}}
 }
 
 // region returns a Tiered store of a new region store, closed when the
 // test ends (and then checked for goroutines left behind).
-func (w *tierWorld) region(t *testing.T, name string, local *MemoryStore) *Tiered {
+func (w *tierWorld) region(t *testing.T, name string, local *remote.MemoryStore) *Store {
 	t.Helper()
 	if local == nil {
-		local = NewMemory(w.clk)
+		local = remote.NewMemory(w.clk)
 	}
-	ts, err := NewTiered(name, local, w.link, WithTieredClock(w.clk))
+	ts, err := New(name, local, w.link, WithClock(w.clk))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,26 +109,34 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 var tierLimit = local.Limit{Rate: 100, Period: time.Second, Burst: 100}
 
-func tierReq(n int64) Request {
-	return Request{Policy: "p", Key: "k", Limit: tierLimit, Version: 1, N: n, Min: 1, Need: 1}
+func tierReq(n int64) remote.Request {
+	return remote.Request{Policy: "p", Key: "k", Limit: tierLimit, Version: 1, N: n, Min: 1, Need: 1}
 }
 
-// parentLevel is the parent bucket's level now.
+// parentLevel is the parent bucket's level now, read by a lease of the
+// whole Burst that takes all or nothing (and gives all back).
 func (w *tierWorld) parentLevel(t *testing.T) int64 {
 	t.Helper()
-	w.parent.mu.Lock()
-	defer w.parent.mu.Unlock()
-	b, ok := w.parent.mu.buckets[BucketKey("", "p", "k")]
-	if !ok {
-		t.Fatal("no parent bucket")
+	ctx := context.Background()
+	probe := tierReq(tierLimit.Burst)
+	probe.Min, probe.Need = probe.N, probe.N
+	res, err := w.parent.Lease(ctx, probe)
+	if err != nil {
+		t.Fatal(err)
 	}
-	b.st.refill(w.clk.Now().UnixMicro())
-	return b.st.level
+	if res.Granted > 0 {
+		probe.N = res.Granted
+		if _, err := w.parent.Return(ctx, probe); err != nil {
+			t.Fatal(err)
+		}
+		return res.Granted
+	}
+	return res.Remaining
 }
 
 func TestTieredLeasesOnlyWhatTheParentGranted(t *testing.T) {
 	w := newTierWorld(t)
-	regionStore := NewMemory(w.clk)
+	regionStore := remote.NewMemory(w.clk)
 	a, b := w.region(t, "eu", regionStore), w.region(t, "eu", regionStore)
 	ctx := context.Background()
 
@@ -276,16 +222,16 @@ func TestTieredParentCut(t *testing.T) {
 	}
 	eventually(t, "failed refill", func() bool { return ts.Stats().Failures == 1 })
 	_, err = ts.Lease(ctx, tierReq(1))
-	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrUnreachable) {
+	if !errors.Is(err, remote.ErrUnavailable) || !errors.Is(err, remote.ErrUnreachable) {
 		t.Fatalf("dry pool, parent cut: err %v; want ErrUnavailable and ErrUnreachable", err)
 	}
 	// Debits go to the parent: they fail while it is away.
-	if _, err := ts.Debit(ctx, tierReq(3)); !errors.Is(err, ErrUnavailable) {
+	if _, err := ts.Debit(ctx, tierReq(3)); !errors.Is(err, remote.ErrUnavailable) {
 		t.Fatalf("debit while cut: %v", err)
 	}
 	w.link.cut.Store(false)
 	// Still failing until a refill gets through (the next claim, one gap on).
-	if _, err := ts.Lease(ctx, tierReq(1)); !errors.Is(err, ErrUnavailable) {
+	if _, err := ts.Lease(ctx, tierReq(1)); !errors.Is(err, remote.ErrUnavailable) {
 		t.Fatalf("before the next refill: %v", err)
 	}
 	w.clk.Advance(400 * time.Millisecond)
@@ -305,7 +251,7 @@ func TestTieredParentCut(t *testing.T) {
 
 func TestTieredPolicyAndStaleVersions(t *testing.T) {
 	w := newTierWorld(t)
-	euStore, usStore := NewMemory(w.clk), NewMemory(w.clk)
+	euStore, usStore := remote.NewMemory(w.clk), remote.NewMemory(w.clk)
 	eu, us := w.region(t, "eu", euStore), w.region(t, "us", usStore)
 	ctx := context.Background()
 	changed := make(chan struct{}, 1)
@@ -315,12 +261,12 @@ func TestTieredPolicyAndStaleVersions(t *testing.T) {
 	}
 	defer stop()
 
-	v2 := PolicyRecord{Version: 2, Limit: local.Limit{Rate: 50, Period: time.Second, Burst: 50}}
+	v2 := remote.PolicyRecord{Version: 2, Limit: local.Limit{Rate: 50, Period: time.Second, Burst: 50}}
 	if _, stored, err := eu.SetPolicy(ctx, "", "p", v2); err != nil || !stored {
 		t.Fatalf("SetPolicy in eu: %v %v", stored, err)
 	}
 	<-changed
-	for name, s := range map[string]*Tiered{"eu": eu, "us": us} {
+	for name, s := range map[string]*Store{"eu": eu, "us": us} {
 		rec, ok, err := s.GetPolicy(ctx, "", "p")
 		if err != nil || !ok || rec.Version != 2 {
 			t.Fatalf("%s reads %+v %v %v after a change made in eu", name, rec, ok, err)
@@ -335,7 +281,7 @@ func TestTieredPolicyAndStaleVersions(t *testing.T) {
 	_, _ = eu.Lease(ctx, v2req)
 	eventually(t, "eu refill", func() bool { return eu.Stats().Refills == 1 })
 	_, _ = us.Lease(ctx, req)
-	var res Result
+	var res remote.Result
 	eventually(t, "us refill meets version 2", func() bool {
 		res, err = us.Lease(ctx, req)
 		return err != nil || res.Stale
@@ -355,7 +301,7 @@ func TestTieredWorldWeight(t *testing.T) {
 	w := newTierWorld(t)
 	eu, us := w.region(t, "eu", nil), w.region(t, "us", nil)
 	ctx := context.Background()
-	beat := func(s *Tiered, members ...string) int {
+	beat := func(s *Store, members ...string) int {
 		n := 0
 		for _, m := range members {
 			var err error
@@ -397,11 +343,11 @@ func TestTieredWorldWeight(t *testing.T) {
 
 func TestTieredWindowTokensLapse(t *testing.T) {
 	w := newTierWorld(t)
-	regionStore := NewMemory(w.clk)
+	regionStore := remote.NewMemory(w.clk)
 	ts := w.region(t, "sa", regionStore)
 	ctx := context.Background()
 	win := local.Limit{Rate: 100, Period: 10 * time.Second, Burst: 100}
-	req := Request{Policy: "w", Key: "k", Limit: win, Window: true, Hold: 100 * time.Millisecond, Version: 1, N: 5, Min: 1, Need: 1}
+	req := remote.Request{Policy: "w", Key: "k", Limit: win, Window: true, Hold: 100 * time.Millisecond, Version: 1, N: 5, Min: 1, Need: 1}
 	_, _ = ts.Lease(ctx, req)
 	eventually(t, "refill", func() bool { return ts.Stats().Refills == 1 })
 	if res, err := ts.Lease(ctx, req); err != nil || res.Granted != 5 {
@@ -421,7 +367,7 @@ func TestTieredWindowTokensLapse(t *testing.T) {
 	// that found it lapsed claimed the next one: wait for it to land).
 	eventually(t, "the next batch", func() bool { return ts.Stats().Refills == 2 })
 	level := func() int64 {
-		rep, err := regionStore.pool(ctx, PoolKey("", "w", "", "k"), poolGive, [7]int64{})
+		rep, err := ts.recs.pool(ctx, keys.Pool("", "w", "", "k"), poolRead{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -447,7 +393,7 @@ func TestTieredWindowGivesLapsedTokensBack(t *testing.T) {
 	ts := w.region(t, "sa", nil)
 	ctx := context.Background()
 	win := local.Limit{Rate: 100, Period: 10 * time.Second, Burst: 100}
-	req := Request{Policy: "w", Key: "k", Limit: win, Window: true, Hold: 100 * time.Millisecond, Version: 1, N: 5, Min: 1, Need: 1}
+	req := remote.Request{Policy: "w", Key: "k", Limit: win, Window: true, Hold: 100 * time.Millisecond, Version: 1, N: 5, Min: 1, Need: 1}
 	_, _ = ts.Lease(ctx, req)
 	eventually(t, "refill", func() bool { return ts.Stats().Refills == 1 })
 	res, _ := ts.Lease(ctx, req)
@@ -485,37 +431,40 @@ func TestTieredWindowGivesLapsedTokensBack(t *testing.T) {
 // with no take to clear them are not revived by the next batch.
 func TestPoolLapsedWindowTokensStayDead(t *testing.T) {
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
-	s := NewMemory(clk)
-	ctx := context.Background()
-	now := clk.Now().UnixMicro()
-	if _, err := s.pool(ctx, "p", poolPut, [7]int64{10, now + 1000, 1, 0, -1, now}); err != nil {
-		t.Fatal(err)
-	}
-	clk.Advance(2 * time.Millisecond) // lapsed, and no take saw it
-	now = clk.Now().UnixMicro()
-	rep, err := s.pool(ctx, "p", poolPut, [7]int64{3, now + 1000, 1, 0, -1, now})
+	s, err := recordsOf(remote.NewMemory(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.st.level != 3 || rep.st.full != now {
-		t.Fatalf("after a new batch on lapsed tokens: level %d since %d; want 3 since %d", rep.st.level, rep.st.full, now)
+	ctx := context.Background()
+	now := micros(clk.Now().UnixMicro())
+	if _, err := s.pool(ctx, "p", poolPut{N: 10, Exp: now + 1000, Version: 1, Window: true, Since: now}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Millisecond) // lapsed, and no take saw it
+	now = micros(clk.Now().UnixMicro())
+	rep, err := s.pool(ctx, "p", poolPut{N: 3, Exp: now + 1000, Version: 1, Window: true, Since: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.st.level != 3 || rep.st.since != now {
+		t.Fatalf("after a new batch on lapsed tokens: level %d since %d; want 3 since %d", rep.st.level, rep.st.since, now)
 	}
 }
 
 func TestTieredBadInput(t *testing.T) {
 	w := newTierWorld(t)
-	local := NewMemory(w.clk)
+	local := remote.NewMemory(w.clk)
 	for _, tc := range []struct {
 		name   string
 		region string
-		opts   []TieredOption
+		opts   []Option
 	}{
 		{"empty region", "", nil},
-		{"zero gap", "r", []TieredOption{WithRefillGap(0)}},
-		{"negative TTL", "r", []TieredOption{WithPoolTTL(-time.Second)}},
-		{"nil clock", "r", []TieredOption{WithTieredClock(nil)}},
+		{"zero gap", "r", []Option{WithRefillGap(0)}},
+		{"negative TTL", "r", []Option{WithPoolTTL(-time.Second)}},
+		{"nil clock", "r", []Option{WithClock(nil)}},
 	} {
-		if _, err := NewTiered(tc.region, local, w.link, tc.opts...); err == nil {
+		if _, err := New(tc.region, local, w.link, tc.opts...); err == nil {
 			t.Errorf("%s: no error", tc.name)
 		}
 	}
@@ -523,12 +472,12 @@ func TestTieredBadInput(t *testing.T) {
 	ctx := context.Background()
 	bad := tierReq(1)
 	bad.Key = ""
-	for op, f := range map[string]func(context.Context, Request) (Result, error){"lease": ts.Lease, "return": ts.Return, "debit": ts.Debit} {
-		if _, err := f(ctx, bad); !errors.Is(err, ErrInvalidKey) {
+	for op, f := range map[string]func(context.Context, remote.Request) (remote.Result, error){"lease": ts.Lease, "return": ts.Return, "debit": ts.Debit} {
+		if _, err := f(ctx, bad); !errors.Is(err, remote.ErrInvalidKey) {
 			t.Errorf("%s with an empty key: %v, want ErrInvalidKey", op, err)
 		}
 	}
-	if _, err := ts.Heartbeat(ctx, "", "p", "", time.Second); !errors.Is(err, ErrInvalidKey) {
+	if _, err := ts.Heartbeat(ctx, "", "p", "", time.Second); !errors.Is(err, remote.ErrInvalidKey) {
 		t.Errorf("heartbeat with no member: %v", err)
 	}
 	if _, err := w.parent.Weigh(ctx, "", "p", "r", -1, time.Second); err == nil {
@@ -542,9 +491,9 @@ func TestPoolForeignData(t *testing.T) {
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
-	s := NewRedis(c)
+	s := redisRecords{c: c}
 	ctx := context.Background()
-	key := PoolKey("", "p", "", "k")
+	key := keys.Pool("", "p", "", "k")
 	for name, write := range map[string]func(){
 		"string":      func() { mr.Set(key, "hello") },
 		"short state": func() { mr.Set(key, "Q 1 2 3") },
@@ -554,12 +503,12 @@ func TestPoolForeignData(t *testing.T) {
 	} {
 		mr.Del(key)
 		write()
-		if _, err := s.pool(ctx, key, poolTake, [7]int64{1, 1, -1, 1, 1000, 0, 1}); !errors.Is(err, ErrCorruptState) {
+		if _, err := s.pool(ctx, key, poolTake{N: 1, Need: 1, LowWater: 1, Claim: 1000, Version: 1}); !errors.Is(err, remote.ErrCorruptState) {
 			t.Errorf("%s: %v, want ErrCorruptState", name, err)
 		}
 	}
-	mr.Set(WorldKey("", "p"), "not a hash")
-	if _, err := s.Weigh(ctx, "", "p", "r", 1, time.Second); !errors.Is(err, ErrCorruptState) {
+	mr.Set(keys.World("", "p"), "not a hash")
+	if _, err := remote.NewRedis(c).Weigh(ctx, "", "p", "r", 1, time.Second); !errors.Is(err, remote.ErrCorruptState) {
 		t.Errorf("world key of another type: %v, want ErrCorruptState", err)
 	}
 }
@@ -573,17 +522,17 @@ func TestTieredOnRealRedis(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t, running) })
 	cluster := redistest.SharedCluster(t).Client(t)
 	parentClient := redistest.Standalone(t).Client(t)
-	ts, err := NewTiered("eu", NewRedis(cluster), NewRedis(parentClient), WithPoolTTL(300*time.Millisecond), WithRefillGap(20*time.Millisecond))
+	ts, err := New("eu", remote.NewRedis(cluster), remote.NewRedis(parentClient), WithPoolTTL(300*time.Millisecond), WithRefillGap(20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ts.Close()
 	ctx := context.Background()
 	policy := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano()) // the servers outlive a run
-	req := Request{Policy: policy, Key: "k", Limit: tierLimit, Version: 1, N: 5, Min: 1, Need: 1}
+	req := remote.Request{Policy: policy, Key: "k", Limit: tierLimit, Version: 1, N: 5, Min: 1, Need: 1}
 	granted, start := int64(0), time.Now()
 	eventually(t, "tokens through the region", func() bool {
-		flush(t, cluster)
+		redistest.FlushScripts(t, cluster)
 		res, err := ts.Lease(ctx, req)
 		if err != nil {
 			t.Fatal(err)
@@ -593,7 +542,7 @@ func TestTieredOnRealRedis(t *testing.T) {
 	})
 	// Every token came from the parent's bucket: it holds at most its
 	// Burst and refill since, less what the region granted.
-	peek, err := NewRedis(parentClient).Debit(ctx, Request{Policy: policy, Key: "k", Limit: tierLimit, Version: 1, N: 1})
+	peek, err := remote.NewRedis(parentClient).Debit(ctx, remote.Request{Policy: policy, Key: "k", Limit: tierLimit, Version: 1, N: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -602,15 +551,15 @@ func TestTieredOnRealRedis(t *testing.T) {
 	}
 	eventually(t, "give-back to the parent", func() bool { return ts.Stats().GivenBack > 0 })
 
-	poolKey := PoolKey("", policy, "", "k")
+	poolKey := keys.Pool("", policy, "", "k")
 	require.NoError(t, cluster.Del(ctx, poolKey).Err())
 	require.NoError(t, cluster.HSet(ctx, poolKey, "f", "v").Err())
-	if _, err := ts.Lease(ctx, req); !errors.Is(err, ErrCorruptState) {
+	if _, err := ts.Lease(ctx, req); !errors.Is(err, remote.ErrCorruptState) {
 		t.Fatalf("pool key holding a hash: %v, want ErrCorruptState", err)
 	}
-	world := WorldKey("", policy)
+	world := keys.World("", policy)
 	require.NoError(t, parentClient.Set(ctx, world, "x", 0).Err())
-	if _, err := NewRedis(parentClient).Weigh(ctx, "", policy, "eu", 1, time.Second); !errors.Is(err, ErrCorruptState) {
+	if _, err := remote.NewRedis(parentClient).Weigh(ctx, "", policy, "eu", 1, time.Second); !errors.Is(err, remote.ErrCorruptState) {
 		t.Fatalf("world key holding a string: %v, want ErrCorruptState", err)
 	}
 }
@@ -621,12 +570,12 @@ func TestTieredOnRealRedis(t *testing.T) {
 func TestTieredNests(t *testing.T) {
 	w := newTierWorld(t)
 	inline := WithSpawn(func(run func()) { run() })
-	continent, err := NewTiered("europe", NewMemory(w.clk), w.link, WithTieredClock(w.clk), inline)
+	continent, err := New("europe", remote.NewMemory(w.clk), w.link, WithClock(w.clk), inline)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer continent.Close()
-	region, err := NewTiered("eu-west", NewMemory(w.clk), continent, WithTieredClock(w.clk), inline)
+	region, err := New("eu-west", remote.NewMemory(w.clk), continent, WithClock(w.clk), inline)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -665,7 +614,7 @@ func TestTieredRegionStoreDown(t *testing.T) {
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	defer c.Close()
-	ts, err := NewTiered("eu", NewRedis(c), w.link)
+	ts, err := New("eu", remote.NewRedis(c), w.link)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -682,7 +631,7 @@ func TestTieredRegionStoreDown(t *testing.T) {
 		"policy":    func() error { _, _, err := ts.GetPolicy(ctx, "", "p"); return err },
 	} {
 		err := call()
-		if !errors.Is(err, ErrUnavailable) {
+		if !errors.Is(err, remote.ErrUnavailable) {
 			t.Errorf("%s with the region's Redis gone: %v, want ErrUnavailable", name, err)
 		}
 		if strings.Contains(fmt.Sprint(err), "parent") {
@@ -731,7 +680,8 @@ func TestTieredBatchSize(t *testing.T) {
 		lim       local.Limit
 		also      []local.Limit
 		n         int64
-		used, dt  int64 // tokens taken since the last refill, over µs (dt 0: no refill yet)
+		used      int64
+		dt        micros // since the last refill (0: no refill yet)
 		rttMicros int64
 		want      int64
 	}{
@@ -746,8 +696,8 @@ func TestTieredBatchSize(t *testing.T) {
 		{"the cap wins over the request", slow, nil, 9, 0, 0, 100_000, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ts.rtt.Store(tc.rttMicros)
-			r := Request{Limit: tc.lim, Also: tc.also, N: tc.n}
+			ts.rttMicros.Store(tc.rttMicros)
+			r := remote.Request{Limit: tc.lim, Also: tc.also, N: tc.n}
 			rep := poolReply{now: 1_000_000 + tc.dt, st: poolState{used: tc.used}}
 			if tc.dt > 0 {
 				rep.st.at = 1_000_000

@@ -1,0 +1,259 @@
+package tiered
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/leasehold/leasehold/remote"
+)
+
+// micros is a time or duration of the region store's clock (Redis TIME,
+// or a MemoryStore's clock), in microseconds: the only clock a pool's
+// record knows. Process clocks never enter it.
+type micros int64
+
+func (m micros) duration() time.Duration { return time.Duration(m) * time.Microsecond }
+
+func microsOf(d time.Duration) micros { return micros(d / time.Microsecond) }
+
+// A pool is a region's share of a global bucket, kept in the region's own
+// store: tokens that the parent store granted and no process of the region
+// has leased yet. Unlike a bucket it never refills by itself, so every
+// token a process takes from it was granted by the parent. One record per
+// bucket, under the bucket's hash tag (keys.Pool); poolLua keeps it in
+// Redis and the apply methods below, its Go twin, in a MemoryStore.
+type poolState struct {
+	level int64  // tokens held
+	exp   micros // bucket pools: tokens go back to the parent after; window pools: tokens lapse
+	claim micros // until then a refill is in flight
+	down  micros // when the parent last failed; 0 once it answers again
+	ver   uint64 // the parent bucket's policy version at the last refill
+	rem   int64  // the parent bucket's Remaining at the last refill
+	full  micros // bucket pools: when the parent bucket is full, as of the last refill
+	since micros // window pools: the parent's time of the grant held (0: none)
+	used  int64  // tokens taken since the last refill
+	at    micros // time of the last refill
+}
+
+// poolReply is the record after an operation, and what it took out.
+type poolReply struct {
+	granted int64  // take: tokens granted; put, drain: tokens taken out for the parent
+	since   micros // for a window pool's tokens put or drain took out: the parent's time of their grant
+	claimed bool   // take: the caller must refill the pool
+	now     micros // the region store's clock at the operation
+	st      poolState
+}
+
+// A poolOp is one operation on a pool record: its name in poolLua, its
+// arguments as poolLua reads them (encode), and its Go twin (apply). Each
+// is kept next to the others, and poolLua's branch for it has the same
+// steps.
+type poolOp interface {
+	name() string
+	encode() []any
+	apply(st *poolState, now micros) poolReply
+}
+
+// poolTake grants N tokens (or all the pool holds if at least Need) unless
+// the pool is at a newer version than Version, then claims the refill if
+// none is in flight and the usable tokens are under LowWater or under the
+// demand since the last refill over Lead.
+type poolTake struct {
+	N, Need  int64
+	Window   bool   // window tokens lapse: usable only if they can be spent by exp
+	Hold     micros // (window) how long after the take the caller may spend them
+	LowWater int64
+	Claim    micros // how long a claimed refill holds the claim
+	Lead     micros
+	Version  uint64
+}
+
+func (o poolTake) name() string { return "take" }
+
+func (o poolTake) encode() []any {
+	hold := int64(-1) // -1: tokens never lapse
+	if o.Window {
+		hold = int64(o.Hold)
+	}
+	return []any{o.N, max(o.Need, 1), hold, o.LowWater, int64(o.Claim), int64(o.Lead), o.Version}
+}
+
+func (o poolTake) apply(st *poolState, now micros) poolReply {
+	usable := st.level
+	if o.Window && now+o.Hold > st.exp {
+		usable = 0 // window tokens that could be spent too late: the drain gives them back
+	}
+	var granted int64
+	switch {
+	case o.Version < st.ver:
+	case usable >= o.N:
+		granted = o.N
+	case usable >= max(o.Need, 1):
+		granted = usable
+	}
+	usable -= granted
+	st.level -= granted
+	if granted > 0 {
+		st.used += granted
+	} else {
+		st.used += o.N // demand the pool could not meet
+	}
+	low := o.LowWater
+	if st.at > 0 && now > st.at {
+		low = max(low, cdiv(st.used*int64(o.Lead), int64(now-st.at)))
+	}
+	claimed := false
+	if usable < low && now >= st.claim {
+		st.claim, claimed = now+o.Claim, true
+	}
+	return poolReply{granted: granted, claimed: claimed}
+}
+
+// poolPut deposits a refill from the parent; the parent is up. A bucket
+// pool's tokens of an older version are taken out for the caller to give
+// back. A window pool holds one grant at a time, with its Since: what is
+// left of the one held, lapsed or not, is taken out (with its since) for
+// the caller to give back, so lapsed tokens never come back to life.
+type poolPut struct {
+	N       int64
+	Exp     micros
+	Version uint64
+	Rem     int64  // the parent bucket's Remaining
+	Reset   micros // bucket pools: the parent's time to full
+	Window  bool
+	Since   micros // window pools: the parent's time of the grant
+}
+
+func (o poolPut) name() string { return "put" }
+
+func (o poolPut) encode() []any {
+	reset := int64(o.Reset)
+	if o.Window {
+		reset = -1
+	}
+	return []any{o.N, int64(o.Exp), o.Version, o.Rem, reset, int64(o.Since)}
+}
+
+func (o poolPut) apply(st *poolState, now micros) poolReply {
+	var rep poolReply
+	if o.Version > st.ver && st.ver != 0 && st.level > 0 {
+		// Tokens of an older policy version: a bucket pool's go back to
+		// the parent, which rescaled its bucket without them; a window
+		// pool's lapse.
+		if !o.Window {
+			rep.granted = st.level
+		}
+		st.level = 0
+	}
+	switch {
+	case !o.Window:
+		st.exp, st.full = o.Exp, now+o.Reset
+	case o.N == 0: // nothing came: the batch held stays as it is
+	default:
+		if st.level > 0 {
+			rep.granted, rep.since = st.level, st.since
+		}
+		st.level, st.exp, st.since = 0, o.Exp, o.Since
+	}
+	st.level += o.N
+	st.down = 0
+	st.ver = max(st.ver, o.Version)
+	st.rem = o.Rem
+	st.used, st.at = 0, now
+	return rep
+}
+
+// poolFail records that the parent failed: takes report it until a put.
+type poolFail struct{}
+
+func (poolFail) name() string  { return "fail" }
+func (poolFail) encode() []any { return nil }
+func (poolFail) apply(st *poolState, now micros) poolReply {
+	st.down = now
+	return poolReply{}
+}
+
+// poolGive takes back tokens a process gave back. A window pool takes them
+// only if they came from the batch it holds (Since, the time of the take
+// they came from, no earlier than the last refill) and it has not lapsed.
+type poolGive struct {
+	N     int64
+	Since micros // 0 for a bucket pool
+}
+
+func (poolGive) name() string    { return "give" }
+func (o poolGive) encode() []any { return []any{o.N, int64(o.Since)} }
+func (o poolGive) apply(st *poolState, now micros) poolReply {
+	if o.Since == 0 || (o.Since >= st.at && now < st.exp) {
+		st.level += o.N
+	}
+	return poolReply{}
+}
+
+// poolDrain takes everything out once exp has passed, to give back to the
+// parent (a window pool's with the since of its grant).
+type poolDrain struct{}
+
+func (poolDrain) name() string  { return "drain" }
+func (poolDrain) encode() []any { return nil }
+func (poolDrain) apply(st *poolState, now micros) poolReply {
+	var rep poolReply
+	if st.exp > 0 && now >= st.exp {
+		rep.granted, rep.since, st.level = st.level, st.since, 0
+	}
+	return rep
+}
+
+// poolRead reads the record and writes nothing.
+type poolRead struct{}
+
+func (poolRead) name() string                       { return "read" }
+func (poolRead) encode() []any                      { return nil }
+func (poolRead) apply(*poolState, micros) poolReply { return poolReply{} }
+
+// poolFields is the record's fields in poolLua's order, for encoding and
+// parsing in one place.
+func (st *poolState) fields() []*int64 {
+	return []*int64{&st.level, (*int64)(&st.exp), (*int64)(&st.claim), (*int64)(&st.down), nil,
+		&st.rem, (*int64)(&st.full), (*int64)(&st.since), &st.used, (*int64)(&st.at)}
+}
+
+// parsePoolReply reads poolLua's reply: {granted, claimed, now, since,
+// then the record's fields}.
+func parsePoolReply(key string, v []int64) (poolReply, error) {
+	const head = 4
+	var rep poolReply
+	f := rep.st.fields()
+	if len(v) != head+len(f) {
+		return poolReply{}, fmt.Errorf("pool %q: %w: reply of %d fields", key, remote.ErrCorruptState, len(v))
+	}
+	rep.granted, rep.claimed, rep.now, rep.since = v[0], v[1] == 1, micros(v[2]), micros(v[3])
+	for i, p := range f {
+		if p == nil {
+			rep.st.ver = uint64(v[head+i])
+			continue
+		}
+		*p = v[head+i]
+	}
+	return rep, nil
+}
+
+// applyPool runs op on st at now, as poolLua does.
+func applyPool(st poolState, op poolOp, now micros) (poolState, poolReply) {
+	rep := op.apply(&st, now)
+	rep.now, rep.st = now, st
+	return st, rep
+}
+
+// poolTTL is how long a pool record outlives its last write. Tokens in a
+// pool that expires are lost to everyone, which errs on the safe side.
+const poolTTL = 10 * time.Minute
+
+// cdiv is a/b rounded up, for b > 0.
+func cdiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) == (b < 0) {
+		q++
+	}
+	return q
+}
