@@ -16,7 +16,7 @@ import (
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/leasehold/leasehold/hybrid"
-	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/redis/go-redis/v9"
 )

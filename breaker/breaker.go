@@ -9,7 +9,7 @@ package breaker
 import (
 	"context"
 	"errors"
-	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,11 +22,11 @@ import (
 
 // ErrOpen is returned, wrapped with remote.ErrUnavailable, for calls the
 // breaker refused without trying the store.
-var ErrOpen = errors.New("breaker: open")
+var ErrOpen = errs.New("breaker", "open")
 
 // errSlow marks a call that succeeded but took longer than the latency
 // threshold; the breaker counts it as a failure.
-var errSlow = errors.New("breaker: slow call")
+var errSlow = errs.New("breaker", "slow call")
 
 // Settings configures a Store. Zero fields take the documented defaults.
 type Settings struct {
@@ -182,11 +182,11 @@ func (s *Store) reportTimeout() {
 func (s *Store) call(fn func() error) error {
 	defer s.notify.flush()
 	if s.cb.State() == gobreaker.StateHalfOpen && s.clk.Now().UnixNano() < s.nextProbe.Load() {
-		return fmt.Errorf("%w (probe backoff): %w", ErrOpen, remote.ErrUnavailable)
+		return errs.Errorf("breaker", "%w (probe backoff): %w", ErrOpen, remote.ErrUnavailable)
 	}
 	done, err := s.cb.Allow()
 	if err != nil {
-		return fmt.Errorf("%w: %w: %w", ErrOpen, err, remote.ErrUnavailable)
+		return errs.Errorf("breaker", "%w: %w: %w", ErrOpen, err, remote.ErrUnavailable)
 	}
 	start := s.clk.Now()
 	err = fn()
@@ -242,7 +242,7 @@ func (s *Store) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []
 var _ remote.Fleet = (*Store)(nil)
 
 // errNoFleet reports a store that cannot count its fleet.
-var errNoFleet = errors.New("breaker: store does not implement remote.Fleet")
+var errNoFleet = errs.New("breaker", "store does not implement remote.Fleet")
 
 // Heartbeat implements remote.Fleet when the wrapped store does. It is
 // refused while the breaker is not closed, and its outcome never counts
@@ -255,7 +255,7 @@ func (s *Store) Heartbeat(ctx context.Context, prefix, policy, member string, ex
 		return 0, errNoFleet
 	}
 	if s.State() != gobreaker.StateClosed {
-		return 0, fmt.Errorf("%w (heartbeats do not probe): %w", ErrOpen, remote.ErrUnavailable)
+		return 0, errs.Errorf("breaker", "%w (heartbeats do not probe): %w", ErrOpen, remote.ErrUnavailable)
 	}
 	return f.Heartbeat(ctx, prefix, policy, member, expiry)
 }
@@ -272,7 +272,7 @@ func (s *Store) Leave(ctx context.Context, prefix, policy, member string) error 
 
 var _ remote.Policies = (*Store)(nil)
 
-var errNoPolicies = errors.New("breaker: store does not implement remote.Policies")
+var errNoPolicies = errs.New("breaker", "store does not implement remote.Policies")
 
 // SetPolicy implements remote.Policies through the breaker when the
 // wrapped store does.
@@ -295,7 +295,7 @@ func (s *Store) GetPolicy(ctx context.Context, prefix, name string) (rec remote.
 	if s.State() != gobreaker.StateClosed {
 		// A read says nothing about whether writes work (a Redis out of
 		// memory still answers GET): only bucket calls probe the store.
-		return remote.PolicyRecord{}, false, fmt.Errorf("%w (reads do not probe): %w", ErrOpen, remote.ErrUnavailable)
+		return remote.PolicyRecord{}, false, errs.Errorf("breaker", "%w (reads do not probe): %w", ErrOpen, remote.ErrUnavailable)
 	}
 	err = s.call(func() error { rec, found, err = p.GetPolicy(ctx, prefix, name); return err })
 	return rec, found, err

@@ -3,7 +3,7 @@ package hybrid
 import (
 	"context"
 	"errors"
-	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
 	"time"
 
@@ -241,13 +241,13 @@ func (l *Limiter) reject(e *entry, p *policyState, src Source, wait time.Duratio
 
 func (l *Limiter) checkRequest(p *policyState, t *tierState, key string, n int64) error {
 	if err := keys.Validate(l.cfg.prefix, p.Name, key); err != nil {
-		return fmt.Errorf("hybrid: %w", err)
+		return errs.Errorf("hybrid", "%w", err)
 	}
 	if n <= 0 {
-		return fmt.Errorf("hybrid: allow %d on %.64q: %w", n, key, ErrInvalidN)
+		return errs.Errorf("hybrid", "allow %d on %.64q: %w", n, key, ErrInvalidN)
 	}
 	if n > t.est.Burst {
-		return fmt.Errorf("hybrid: allow %d on %.64q, burst %d: %w", n, key, t.est.Burst, ErrExceedsBurst)
+		return errs.Errorf("hybrid", "allow %d on %.64q, burst %d: %w", n, key, t.est.Burst, ErrExceedsBurst)
 	}
 	if l.closing.Load() {
 		return ErrClosed

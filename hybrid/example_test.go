@@ -95,7 +95,7 @@ func ExampleLimiter_AllowN() {
 	// Output:
 	// cost 8: allowed=true retry-after=0s source=remote
 	// cost 4: allowed=false retry-after=200ms source=remote
-	// hybrid: allow 11 on "tenant-a", burst 10: local: n exceeds burst
+	// hybrid: allow 11 on "tenant-a", burst 10: n exceeds burst
 }
 
 func ExampleLimiter_SetPolicy() {

@@ -3,7 +3,7 @@ package hybrid
 import (
 	"context"
 	"errors"
-	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"log/slog"
 	"math"
 	"sync/atomic"
@@ -104,7 +104,7 @@ type fetchOutcome struct {
 
 // errSlowFlight reports a synchronous caller that stopped waiting for a
 // store call after the store timeout; the call itself goes on.
-var errSlowFlight = fmt.Errorf("hybrid: store slower than the store timeout: %w", remote.ErrUnavailable)
+var errSlowFlight = errs.Errorf("hybrid", "store slower than the store timeout: %w", remote.ErrUnavailable)
 
 // fetch asks the store for tokens for e, one flight per key: concurrent
 // callers share the call and its outcome. need is the request that could

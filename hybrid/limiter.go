@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"log/slog"
 	mrand "math/rand/v2"
 	"sync"
@@ -52,7 +53,7 @@ type Limiter struct {
 // ErrInvalidOption.
 func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	if store == nil {
-		return nil, fmt.Errorf("hybrid: nil store: %w", ErrInvalidOption)
+		return nil, errs.Errorf("hybrid", "nil store: %w", ErrInvalidOption)
 	}
 	p = p.normalized()
 	if err := validatePolicy(p); err != nil {
@@ -151,10 +152,10 @@ func (l *Limiter) Policy() Policy { return l.policy.load().Policy }
 func (l *Limiter) SetPolicy(ctx context.Context, p Policy) error {
 	cur := l.policy.load()
 	if p.Version == 0 {
-		return fmt.Errorf("hybrid: SetPolicy %q: %w: version 0", p.Name, ErrInvalidPolicy)
+		return errs.Errorf("hybrid", "SetPolicy %q: %w: version 0", p.Name, ErrInvalidPolicy)
 	}
 	if p.Name != cur.Name {
-		return fmt.Errorf("hybrid: SetPolicy %q on a limiter of %q: %w", p.Name, cur.Name, ErrInvalidPolicy)
+		return errs.Errorf("hybrid", "SetPolicy %q on a limiter of %q: %w", p.Name, cur.Name, ErrInvalidPolicy)
 	}
 	p = p.normalized()
 	if err := validatePolicy(p); err != nil {

@@ -5,7 +5,7 @@ import (
 	"log"
 	"testing"
 
-	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )

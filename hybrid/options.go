@@ -3,6 +3,7 @@ package hybrid
 import (
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
 	"log/slog"
 	"time"
@@ -72,7 +73,7 @@ func buildConfig(opts []Option) (config, error) {
 		c.maxDelay = c.leaseTTL / 2
 	}
 	if err := c.validate(); err != nil {
-		return c, fmt.Errorf("hybrid: %w: %w", ErrInvalidOption, err)
+		return c, errs.Errorf("hybrid", "%w: %w", ErrInvalidOption, err)
 	}
 	c.sweepInterval = min(c.leaseTTL/4, 250*time.Millisecond)
 	// Background refills are on no request's path: they may wait longer

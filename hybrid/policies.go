@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"log/slog"
 	"maps"
 	"math"
@@ -24,7 +25,7 @@ type StalePolicyError struct {
 }
 
 func (e *StalePolicyError) Error() string {
-	return fmt.Sprintf("hybrid: policy %q: version %d in force: %v", e.Current.Name, e.Current.Version, ErrStalePolicy)
+	return fmt.Sprintf("hybrid: policy %q: version %d in force: %s", e.Current.Name, e.Current.Version, errs.Bare(ErrStalePolicy))
 }
 
 // Is makes errors.Is(err, ErrStalePolicy) hold.
@@ -224,7 +225,7 @@ func (t *policyTracker) set(ctx context.Context, p Policy) error {
 	}
 	rec, applied, err := t.records.SetPolicy(ctx, t.cfg.prefix, p.Name, p.record())
 	if err != nil {
-		return fmt.Errorf("hybrid: SetPolicy %q: %w", p.Name, err)
+		return errs.Errorf("hybrid", "SetPolicy %q: %w", p.Name, err)
 	}
 	stored := policyFrom(p.Name, rec)
 	t.adopt(stored)

@@ -1,8 +1,8 @@
 package hybrid
 
 import (
-	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
 	"slices"
 
@@ -145,12 +145,12 @@ var (
 	// version 0 given to SetPolicy, or a version too large to store.
 	ErrInvalidPolicy = remote.ErrInvalidPolicy
 	// ErrStalePolicy: SetPolicy with a version not above the one in force.
-	ErrStalePolicy = errors.New("hybrid: stale policy version")
+	ErrStalePolicy = errs.New("hybrid", "stale policy version")
 	// ErrClosed: the limiter was closed.
-	ErrClosed = errors.New("hybrid: limiter closed")
+	ErrClosed = errs.New("hybrid", "limiter closed")
 	// ErrInvalidOption: an option New cannot work with (a non-positive
 	// duration, a nil clock or logger, a prefix with braces, ...).
-	ErrInvalidOption = errors.New("hybrid: invalid option")
+	ErrInvalidOption = errs.New("hybrid", "invalid option")
 )
 
 // Validate reports whether New and SetPolicy accept p (a sliding window's
@@ -161,16 +161,16 @@ func (p Policy) Validate() error { return validatePolicy(p.normalized()) }
 // validatePolicy checks a normalized policy.
 func validatePolicy(p Policy) error {
 	if err := keys.Validate("", p.Name, "k"); err != nil {
-		return fmt.Errorf("hybrid: policy %q: %w", p.Name, err)
+		return errs.Errorf("hybrid", "policy %q: %w", p.Name, err)
 	}
 	if p.Algorithm != GCRA && p.Algorithm != SlidingWindow {
-		return fmt.Errorf("hybrid: policy %q: %w: algorithm %v is not supported", p.Name, ErrInvalidPolicy, p.Algorithm)
+		return errs.Errorf("hybrid", "policy %q: %w: algorithm %v is not supported", p.Name, ErrInvalidPolicy, p.Algorithm)
 	}
 	if p.Version > remote.MaxVersion {
-		return fmt.Errorf("hybrid: policy %q: %w: version %d above %d", p.Name, ErrInvalidPolicy, p.Version, remote.MaxVersion)
+		return errs.Errorf("hybrid", "policy %q: %w: version %d above %d", p.Name, ErrInvalidPolicy, p.Version, remote.MaxVersion)
 	}
 	if err := p.record().Validate(); err != nil {
-		return fmt.Errorf("hybrid: policy %q: %w", p.Name, err)
+		return errs.Errorf("hybrid", "policy %q: %w", p.Name, err)
 	}
 	return nil
 }

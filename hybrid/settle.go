@@ -2,7 +2,7 @@ package hybrid
 
 import (
 	"context"
-	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"log/slog"
 
 	"github.com/leasehold/leasehold/reconcile"
@@ -93,7 +93,7 @@ func (l *Limiter) sendNow(ctx context.Context, items []reconcile.Item) error {
 	}
 	rep := l.send(ctx, items)
 	if len(rep.Failed) > 0 {
-		return fmt.Errorf("hybrid: close: %d of %d settlements failed: %w", len(rep.Failed), len(items), remote.ErrUnavailable)
+		return errs.Errorf("hybrid", "close: %d of %d settlements failed: %w", len(rep.Failed), len(items), remote.ErrUnavailable)
 	}
 	return nil
 }

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/redistest"
-	"github.com/leasehold/leasehold/internal/storetest"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
+	"github.com/leasehold/leasehold/internal/testkit/storetest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/stretchr/testify/require"
 )

@@ -1,7 +1,7 @@
 package local
 
 import (
-	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"sync/atomic"
 	"time"
 )
@@ -62,10 +62,10 @@ func (b *Bucket) Limit() Limit { return b.lim }
 // monotonic clock). n ≤ 0 returns ErrInvalidN, n > Burst ErrExceedsBurst.
 func (b *Bucket) TakeAt(now, n int64) (Result, error) {
 	if n <= 0 {
-		return Result{}, fmt.Errorf("local: take %d: %w", n, ErrInvalidN)
+		return Result{}, errs.Errorf("local", "take %d: %w", n, ErrInvalidN)
 	}
 	if n > b.lim.Burst {
-		return Result{}, fmt.Errorf("local: take %d of burst %d: %w", n, b.lim.Burst, ErrExceedsBurst)
+		return Result{}, errs.Errorf("local", "take %d of burst %d: %w", n, b.lim.Burst, ErrExceedsBurst)
 	}
 	inc, slack := b.inc1, b.slack1
 	if n != 1 {

@@ -5,8 +5,8 @@
 package local
 
 import (
-	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"math"
 	"math/bits"
 	"time"
@@ -21,10 +21,10 @@ var (
 	// microseconds, or values whose arithmetic would overflow.
 	ErrInvalidLimit = exact.ErrInvalidLimit
 	// ErrInvalidN reports a request for n ≤ 0 tokens.
-	ErrInvalidN = errors.New("local: n must be positive")
+	ErrInvalidN = errs.New("local", "n must be positive")
 	// ErrExceedsBurst reports a request for more tokens than Burst: it can
 	// never be admitted.
-	ErrExceedsBurst = errors.New("local: n exceeds burst")
+	ErrExceedsBurst = errs.New("local", "n exceeds burst")
 )
 
 const (

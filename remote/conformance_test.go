@@ -11,7 +11,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/clock"
-	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/local"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"

@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
 	"sync"
 	"time"
@@ -57,7 +58,7 @@ func validateFleet(prefix, policy, member string, expiry time.Duration) error {
 		return fmt.Errorf("%w: fleet member %.40q", ErrInvalidKey, member)
 	}
 	if expiry < time.Millisecond {
-		return fmt.Errorf("remote: fleet expiry %v below 1ms", expiry)
+		return errs.Errorf("remote", "fleet expiry %v below 1ms", expiry)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
 	"strconv"
 	"strings"
@@ -40,24 +41,24 @@ func (s *RedisStore) Peek(ctx context.Context, prefix, policy, key string) (Buck
 		return Bucket{}, s.failed(bk, err)
 	}
 	if len(v) != 4 {
-		return Bucket{}, fmt.Errorf("remote: bucket %q: %w: peek reply of %d fields", bk, ErrCorruptState, len(v))
+		return Bucket{}, errs.Errorf("remote", "bucket %q: %w: peek reply of %d fields", bk, ErrCorruptState, len(v))
 	}
 	raw, _ := v[0].(string)
 	sec, err1 := toInt(v[1])
 	usec, err2 := toInt(v[2])
 	pttl, err3 := toInt(v[3])
 	if err1 != nil || err2 != nil || err3 != nil {
-		return Bucket{}, fmt.Errorf("remote: bucket %q: %w: peek reply %v", bk, ErrCorruptState, v)
+		return Bucket{}, errs.Errorf("remote", "bucket %q: %w: peek reply %v", bk, ErrCorruptState, v)
 	}
 	if raw == "" {
 		return Bucket{}, nil
 	}
 	if strings.HasPrefix(raw, "S ") {
-		return Bucket{}, fmt.Errorf("remote: bucket %q holds a sliding window or several limits, which Peek does not read: %q", bk, raw)
+		return Bucket{}, errs.Errorf("remote", "bucket %q holds a sliding window or several limits, which Peek does not read: %q", bk, raw)
 	}
 	st, err := parseState(raw)
 	if err != nil {
-		return Bucket{}, fmt.Errorf("remote: bucket %q: %w: %w", bk, ErrCorruptState, err)
+		return Bucket{}, errs.Errorf("remote", "bucket %q: %w: %w", bk, ErrCorruptState, err)
 	}
 	st.refill(sec*1_000_000 + usec)
 	b := Bucket{Exists: true, Level: st.level, Version: st.version, TTL: time.Duration(max(pttl, 0)) * time.Millisecond,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
 	"strconv"
 	"strings"
@@ -136,10 +137,10 @@ func (rec PolicyRecord) validateShape() error {
 		}
 		for _, l := range append([]local.Limit{lim}, also...) {
 			if err := l.Validate(); err != nil {
-				return fmt.Errorf("tier %q: %w", tier, err)
+				return errs.Errorf("remote", "tier %q: %w", tier, err)
 			}
 			if rec.Window && l.Burst != l.Rate {
-				return fmt.Errorf("tier %q: %w: a sliding window's burst is its rate", tier, local.ErrInvalidLimit)
+				return errs.Errorf("remote", "tier %q: %w: a sliding window's burst is its rate", tier, local.ErrInvalidLimit)
 			}
 		}
 		return nil
@@ -211,26 +212,26 @@ func decodePolicy(key, s string) (PolicyRecord, error) {
 		shape, f = f[4], f[:4]
 	}
 	if len(f) != 4 {
-		return PolicyRecord{}, fmt.Errorf("remote: policy %q: %w: record %q", key, ErrCorruptState, s)
+		return PolicyRecord{}, errs.Errorf("remote", "policy %q: %w: record %q", key, ErrCorruptState, s)
 	}
 	var n [4]int64
 	for i, x := range f {
 		v, err := strconv.ParseInt(x, 10, 64)
 		if err != nil || v <= 0 {
-			return PolicyRecord{}, fmt.Errorf("remote: policy %q: %w: record %q", key, ErrCorruptState, s)
+			return PolicyRecord{}, errs.Errorf("remote", "policy %q: %w: record %q", key, ErrCorruptState, s)
 		}
 		n[i] = v
 	}
 	if n[2] > int64(local.MaxTimeToFull/time.Microsecond) {
-		return PolicyRecord{}, fmt.Errorf("remote: policy %q: %w: period in %q", key, ErrCorruptState, s)
+		return PolicyRecord{}, errs.Errorf("remote", "policy %q: %w: period in %q", key, ErrCorruptState, s)
 	}
 	rec := PolicyRecord{Version: uint64(n[0]), Limit: local.Limit{Rate: n[1], Period: time.Duration(n[2]) * time.Microsecond, Burst: n[3]}}
 	if err := rec.Limit.Validate(); err != nil {
-		return PolicyRecord{}, fmt.Errorf("remote: policy %q: %w: %w", key, ErrCorruptState, err)
+		return PolicyRecord{}, errs.Errorf("remote", "policy %q: %w: %w", key, ErrCorruptState, err)
 	}
 	if shape != "" {
 		if err := rec.withShape(shape); err != nil {
-			return PolicyRecord{}, fmt.Errorf("remote: policy %q: %w: shape: %w", key, ErrCorruptState, err)
+			return PolicyRecord{}, errs.Errorf("remote", "policy %q: %w: shape: %w", key, ErrCorruptState, err)
 		}
 	}
 	return rec, nil
@@ -252,15 +253,15 @@ func (s *RedisStore) SetPolicy(ctx context.Context, prefix, name string, rec Pol
 // parsePolicyReply reads setPolicyLua's reply with checked conversions.
 func parsePolicyReply(key string, v []any) (PolicyRecord, bool, error) {
 	if len(v) != 2 {
-		return PolicyRecord{}, false, fmt.Errorf("remote: policy %q: %w: reply of %d fields", key, ErrCorruptState, len(v))
+		return PolicyRecord{}, false, errs.Errorf("remote", "policy %q: %w: reply of %d fields", key, ErrCorruptState, len(v))
 	}
 	applied, ok := v[0].(int64)
 	if !ok || (applied != 0 && applied != 1) {
-		return PolicyRecord{}, false, fmt.Errorf("remote: policy %q: %w: applied flag %v", key, ErrCorruptState, v[0])
+		return PolicyRecord{}, false, errs.Errorf("remote", "policy %q: %w: applied flag %v", key, ErrCorruptState, v[0])
 	}
 	str, ok := v[1].(string)
 	if !ok {
-		return PolicyRecord{}, false, fmt.Errorf("remote: policy %q: %w: record %T", key, ErrCorruptState, v[1])
+		return PolicyRecord{}, false, errs.Errorf("remote", "policy %q: %w: record %T", key, ErrCorruptState, v[1])
 	}
 	cur, err := decodePolicy(key, str)
 	return cur, applied == 1, err
@@ -278,7 +279,7 @@ func (s *RedisStore) GetPolicy(ctx context.Context, prefix, name string) (Policy
 	}
 	if err != nil {
 		if redis.HasErrorPrefix(err, "WRONGTYPE") {
-			return PolicyRecord{}, false, fmt.Errorf("remote: policy %q: %w: %w", key, ErrCorruptState, err)
+			return PolicyRecord{}, false, errs.Errorf("remote", "policy %q: %w: %w", key, ErrCorruptState, err)
 		}
 		return PolicyRecord{}, false, classify(key, err)
 	}

@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"io"
 	"net"
 	"strconv"
@@ -114,7 +114,7 @@ func checkClient(c redis.UniversalClient) error {
 		return nil
 	}
 	if !enabled {
-		return errors.New("remote: go-redis client without ContextTimeoutEnabled: in-flight calls ignore deadlines and a hung Redis holds them for ReadTimeout")
+		return errs.New("remote", "go-redis client without ContextTimeoutEnabled: in-flight calls ignore deadlines and a hung Redis holds them for ReadTimeout")
 	}
 	return nil
 }
@@ -135,7 +135,7 @@ func (s *RedisStore) CheckEviction(ctx context.Context) error {
 			return nil
 		}
 		if p := v["maxmemory-policy"]; strings.HasPrefix(p, "allkeys-") || strings.HasPrefix(p, "volatile-") {
-			return fmt.Errorf("remote: %s has maxmemory-policy %s: Redis may evict buckets, which then come back full; use noeviction or a dedicated Redis", c.Options().Addr, p)
+			return errs.Errorf("remote", "%s has maxmemory-policy %s: Redis may evict buckets, which then come back full; use noeviction or a dedicated Redis", c.Options().Addr, p)
 		}
 		return nil
 	}
@@ -305,12 +305,12 @@ func scriptArgs(op Op, r *Request) (string, *redis.Script, []any, error) {
 // ErrUnavailable. Context errors stay reachable through errors.Is.
 func classify(key string, err error) error {
 	if redis.HasErrorPrefix(err, "LEASEHOLD_CORRUPT") {
-		return fmt.Errorf("remote: key %q: %w: %w", key, ErrCorruptState, err)
+		return errs.Errorf("remote", "key %q: %w: %w", key, ErrCorruptState, err)
 	}
 	if unreachable(err) {
-		return fmt.Errorf("remote: key %q: %w: %w: %w", key, ErrUnavailable, ErrUnreachable, err)
+		return errs.Errorf("remote", "key %q: %w: %w: %w", key, ErrUnavailable, ErrUnreachable, err)
 	}
-	return fmt.Errorf("remote: key %q: %w: %w", key, ErrUnavailable, err)
+	return errs.Errorf("remote", "key %q: %w: %w", key, ErrUnavailable, err)
 }
 
 // unreachable reports errors that say the server is down, not slow: a
@@ -339,7 +339,7 @@ func unreachable(err error) bool {
 func parseReply(key string, v any) (Result, error) {
 	vals, ok := v.([]any)
 	if !ok || len(vals) < 9 || len(vals) > 10 {
-		return Result{}, fmt.Errorf("remote: bucket %q: %w: reply %T of unexpected shape", key, ErrCorruptState, v)
+		return Result{}, errs.Errorf("remote", "bucket %q: %w: reply %T of unexpected shape", key, ErrCorruptState, v)
 	}
 	var n [10]int64
 	for i, x := range vals {
@@ -349,15 +349,15 @@ func parseReply(key string, v any) (Result, error) {
 		case string: // RESP3 proxies may hand numbers back as strings
 			p, err := strconv.ParseInt(x, 10, 64)
 			if err != nil {
-				return Result{}, fmt.Errorf("remote: bucket %q: %w: field %d: %w", key, ErrCorruptState, i, err)
+				return Result{}, errs.Errorf("remote", "bucket %q: %w: field %d: %w", key, ErrCorruptState, i, err)
 			}
 			n[i] = p
 		default:
-			return Result{}, fmt.Errorf("remote: bucket %q: %w: field %d is %T", key, ErrCorruptState, i, x)
+			return Result{}, errs.Errorf("remote", "bucket %q: %w: field %d is %T", key, ErrCorruptState, i, x)
 		}
 	}
 	if n[0] < 0 || n[1] < 0 || n[2] < 0 || n[3] < 0 || n[4] < 0 || n[6] < 0 || n[9] < 0 || n[9] >= maxLimits {
-		return Result{}, fmt.Errorf("remote: bucket %q: %w: negative field in %v", key, ErrCorruptState, n)
+		return Result{}, errs.Errorf("remote", "bucket %q: %w: negative field in %v", key, ErrCorruptState, n)
 	}
 	return Result{
 		Granted:    n[0],

@@ -2,7 +2,7 @@ package remote
 
 import (
 	"context"
-	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
 	"sync"
 	"time"
@@ -18,7 +18,7 @@ func validateWeigh(prefix, policy, region string, weight int64, expiry time.Dura
 		return err
 	}
 	if weight < 0 || weight > 1<<40 {
-		return fmt.Errorf("remote: region weight %d out of range", weight)
+		return errs.Errorf("remote", "region weight %d out of range", weight)
 	}
 	return nil
 }

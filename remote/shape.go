@@ -1,7 +1,7 @@
 package remote
 
 import (
-	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/exact"
@@ -63,11 +63,11 @@ func validateShape(op Op, r *Request) ([]shapeLimit, error) {
 	for i, l := range all {
 		m, err := exact.Reduce(l.Rate, l.Period, l.Burst)
 		if err != nil {
-			return nil, fmt.Errorf("remote: policy %q limit %d: %w", r.Policy, i, err)
+			return nil, errs.Errorf("remote", "policy %q limit %d: %w", r.Policy, i, err)
 		}
 		if r.Window {
 			if l.Burst != l.Rate || l.Rate > local.MaxBurst {
-				return nil, fmt.Errorf("remote: policy %q limit %d: %w: a sliding window's burst is its rate (%d), not %d",
+				return nil, errs.Errorf("remote", "policy %q limit %d: %w: a sliding window's burst is its rate (%d), not %d",
 					r.Policy, i, local.ErrInvalidLimit, l.Rate, l.Burst)
 			}
 			m = exact.Micros{Rate: l.Rate, Per: int64(l.Period / time.Microsecond), Burst: l.Rate}
@@ -77,13 +77,13 @@ func validateShape(op Op, r *Request) ([]shapeLimit, error) {
 		capN = min(capN, m.Burst)
 	}
 	if len(out) > maxLimits {
-		return nil, fmt.Errorf("remote: policy %q: %w: %d limits, at most %d", r.Policy, ErrInvalidPolicy, len(out), maxLimits)
+		return nil, errs.Errorf("remote", "policy %q: %w: %d limits, at most %d", r.Policy, ErrInvalidPolicy, len(out), maxLimits)
 	}
 	if r.Hold < 0 || (r.Window && r.Hold > shortest/10) {
-		return nil, fmt.Errorf("remote: policy %q: %w: hold %v outside [0, %v]", r.Policy, local.ErrInvalidLimit, r.Hold, shortest/10)
+		return nil, errs.Errorf("remote", "policy %q: %w: hold %v outside [0, %v]", r.Policy, local.ErrInvalidLimit, r.Hold, shortest/10)
 	}
 	if op == OpLease && r.N > capN {
-		return nil, fmt.Errorf("remote: lease %d on %q, tightest limit %d: %w", r.N, r.Key, capN, local.ErrExceedsBurst)
+		return nil, errs.Errorf("remote", "lease %d on %q, tightest limit %d: %w", r.N, r.Key, capN, local.ErrExceedsBurst)
 	}
 	return out, nil
 }

@@ -14,8 +14,8 @@ package remote
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/exact"
@@ -33,15 +33,15 @@ var (
 	ErrInvalidPolicy = keys.ErrInvalidPolicy
 	// ErrUnavailable reports that the store could not be reached or did
 	// not answer in time.
-	ErrUnavailable = errors.New("remote: store unavailable")
+	ErrUnavailable = errs.New("remote", "store unavailable")
 	// ErrUnreachable reports a store that is down rather than slow: the
 	// connection was refused, reset or closed, or the server said it
 	// cannot serve (LOADING, CLUSTERDOWN, MASTERDOWN, OOM). It always comes
 	// wrapped with ErrUnavailable; the breaker opens on the first one.
-	ErrUnreachable = errors.New("remote: store unreachable")
+	ErrUnreachable = errs.New("remote", "store unreachable")
 	// ErrCorruptState reports a bucket key that holds something leasehold
 	// did not write (another type, or a foreign value).
-	ErrCorruptState = errors.New("remote: bucket state corrupt")
+	ErrCorruptState = errs.New("remote", "bucket state corrupt")
 )
 
 const (
@@ -224,37 +224,37 @@ func validate(op Op, r *Request) (exact.Micros, error) {
 	}
 	m, err := exact.Reduce(r.Limit.Rate, r.Limit.Period, r.Limit.Burst)
 	if err != nil {
-		return exact.Micros{}, fmt.Errorf("remote: policy %q: %w", r.Policy, err)
+		return exact.Micros{}, errs.Errorf("remote", "policy %q: %w", r.Policy, err)
 	}
 	if r.N <= 0 {
-		return exact.Micros{}, fmt.Errorf("remote: %s %d on %q: %w", op, r.N, r.Key, local.ErrInvalidN)
+		return exact.Micros{}, errs.Errorf("remote", "%s %d on %q: %w", op, r.N, r.Key, local.ErrInvalidN)
 	}
 	switch op {
 	case OpLease:
 		if r.N > m.Burst {
-			return exact.Micros{}, fmt.Errorf("remote: lease %d on %q, burst %d: %w", r.N, r.Key, m.Burst, local.ErrExceedsBurst)
+			return exact.Micros{}, errs.Errorf("remote", "lease %d on %q, burst %d: %w", r.N, r.Key, m.Burst, local.ErrExceedsBurst)
 		}
 		if r.Min <= 0 {
 			r.Min = 1
 		}
 		if r.Min > r.N {
-			return exact.Micros{}, fmt.Errorf("remote: lease %q: min %d above n %d: %w", r.Key, r.Min, r.N, local.ErrInvalidN)
+			return exact.Micros{}, errs.Errorf("remote", "lease %q: min %d above n %d: %w", r.Key, r.Min, r.N, local.ErrInvalidN)
 		}
 		if r.Need <= 0 {
 			r.Need = r.Min
 		}
 		if r.Need > r.Min {
-			return exact.Micros{}, fmt.Errorf("remote: lease %q: need %d above min %d: %w", r.Key, r.Need, r.Min, local.ErrInvalidN)
+			return exact.Micros{}, errs.Errorf("remote", "lease %q: need %d above min %d: %w", r.Key, r.Need, r.Min, local.ErrInvalidN)
 		}
 		if r.MaxDelay < 0 || r.MaxDelay > local.MaxTimeToFull {
-			return exact.Micros{}, fmt.Errorf("remote: lease %q: max delay %v: %w", r.Key, r.MaxDelay, local.ErrInvalidLimit)
+			return exact.Micros{}, errs.Errorf("remote", "lease %q: max delay %v: %w", r.Key, r.MaxDelay, local.ErrInvalidLimit)
 		}
 	case OpReturn, OpDebit:
 		if r.N > local.MaxBurst {
-			return exact.Micros{}, fmt.Errorf("remote: %s %d on %q: %w", op, r.N, r.Key, local.ErrExceedsBurst)
+			return exact.Micros{}, errs.Errorf("remote", "%s %d on %q: %w", op, r.N, r.Key, local.ErrExceedsBurst)
 		}
 	default:
-		return exact.Micros{}, fmt.Errorf("remote: unknown op %d", int(op))
+		return exact.Micros{}, errs.Errorf("remote", "unknown op %d", int(op))
 	}
 	return m, nil
 }

@@ -30,7 +30,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/hybrid/httplimit"
-	"github.com/leasehold/leasehold/internal/storetest"
+	"github.com/leasehold/leasehold/internal/testkit/storetest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/redis/go-redis/v9"
 )

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/hybrid"
-	"github.com/leasehold/leasehold/internal/storetest"
+	"github.com/leasehold/leasehold/internal/testkit/storetest"
 )
 
 // second is one second of the status history.

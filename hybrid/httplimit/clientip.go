@@ -1,8 +1,7 @@
 package httplimit
 
 import (
-	"errors"
-	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"net"
 	"net/http"
 	"net/netip"
@@ -21,7 +20,7 @@ func ByClientIP(trusted ...string) (KeyFunc, error) {
 	for _, t := range trusted {
 		p, err := netip.ParsePrefix(t)
 		if err != nil {
-			return nil, fmt.Errorf("httplimit: trusted proxy %q: %w", t, err)
+			return nil, errs.Errorf("httplimit", "trusted proxy %q: %w", t, err)
 		}
 		nets = append(nets, p.Masked())
 	}
@@ -50,7 +49,7 @@ func ByClientIP(trusted ...string) (KeyFunc, error) {
 		for i := len(hops) - 1; i >= 0; i-- {
 			a, err := netip.ParseAddr(hops[i])
 			if err != nil {
-				return "", errors.New("httplimit: unparsable forwarded address")
+				return "", errs.New("httplimit", "unparsable forwarded address")
 			}
 			addr = a
 			if !isTrusted(a) {

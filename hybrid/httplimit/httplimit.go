@@ -12,6 +12,7 @@ package httplimit
 import (
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"math"
 	"net"
 	"net/http"
@@ -43,7 +44,7 @@ func ByHeader(h string) KeyFunc {
 	return func(r *http.Request) (string, error) {
 		v := r.Header.Get(h)
 		if v == "" {
-			return "", errors.New("httplimit: missing " + h + " header")
+			return "", errs.New("httplimit", "missing "+h+" header")
 		}
 		return v, nil
 	}

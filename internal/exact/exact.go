@@ -5,15 +5,15 @@
 package exact
 
 import (
-	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"math/bits"
 	"time"
 )
 
 // ErrInvalidLimit reports a limit that cannot be enforced exactly;
 // local.ErrInvalidLimit is the same value.
-var ErrInvalidLimit = errors.New("local: invalid limit")
+var ErrInvalidLimit = errs.New("local", "invalid limit")
 
 const (
 	// MaxBurst is the largest Burst accepted: stores do their arithmetic

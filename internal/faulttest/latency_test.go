@@ -11,7 +11,7 @@ import (
 	"github.com/Shopify/toxiproxy/v2"
 	"github.com/Shopify/toxiproxy/v2/collectors"
 	"github.com/leasehold/leasehold/hybrid"
-	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"

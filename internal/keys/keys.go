@@ -19,7 +19,7 @@
 package keys
 
 import (
-	"errors"
+	"github.com/leasehold/leasehold/internal/errs"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -27,8 +27,8 @@ import (
 
 // Sentinels re-exported by package remote, which owns them in the API.
 var (
-	ErrInvalidKey    = errors.New("invalid key")
-	ErrInvalidPolicy = errors.New("invalid policy")
+	ErrInvalidKey    = errs.New("remote", "invalid key")
+	ErrInvalidPolicy = errs.New("remote", "invalid policy")
 )
 
 const (

@@ -3,7 +3,7 @@ package tiered
 import (
 	"testing"
 
-	"github.com/leasehold/leasehold/internal/redistest"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }

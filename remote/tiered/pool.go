@@ -1,7 +1,7 @@
 package tiered
 
 import (
-	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"time"
 
 	"github.com/leasehold/leasehold/remote"
@@ -225,7 +225,7 @@ func parsePoolReply(key string, v []int64) (poolReply, error) {
 	var rep poolReply
 	f := rep.st.fields()
 	if len(v) != head+len(f) {
-		return poolReply{}, fmt.Errorf("pool %q: %w: reply of %d fields", key, remote.ErrCorruptState, len(v))
+		return poolReply{}, errs.Errorf("tiered", "pool %q: %w: reply of %d fields", key, remote.ErrCorruptState, len(v))
 	}
 	rep.granted, rep.claimed, rep.now, rep.since = v[0], v[1] == 1, micros(v[2]), micros(v[3])
 	for i, p := range f {

@@ -1,7 +1,7 @@
 package tiered
 
 import (
-	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 
 	"github.com/leasehold/leasehold/remote"
 )
@@ -70,7 +70,7 @@ func (o regionWeigh) apply(st *regionState, _ micros) bool {
 // claim, down}.
 func parseRegionReply(key string, v []int64) (regionReply, error) {
 	if len(v) != 6 {
-		return regionReply{}, fmt.Errorf("region %q: %w: reply of %d fields", key, remote.ErrCorruptState, len(v))
+		return regionReply{}, errs.Errorf("tiered", "region %q: %w: reply of %d fields", key, remote.ErrCorruptState, len(v))
 	}
 	return regionReply{claimed: v[0] == 1, now: micros(v[1]),
 		st: regionState{world: v[2], own: v[3], claim: micros(v[4]), down: micros(v[5])}}, nil

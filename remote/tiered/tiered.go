@@ -14,8 +14,8 @@ package tiered
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -58,7 +58,7 @@ var (
 )
 
 // errConfig is what New and the options refuse with.
-var errConfig = errors.New("tiered: invalid configuration")
+var errConfig = errs.New("tiered", "invalid configuration")
 
 // Store is a remote.Store for the processes of one region. It answers from the
 // region's own store (a pool per bucket, one round trip away) and refills
@@ -391,7 +391,7 @@ func (t *Store) Lease(ctx context.Context, r remote.Request) (remote.Result, err
 // parentDown is the error of a call the region cannot serve while its
 // refills find the parent down.
 func (t *Store) parentDown(key string, rep poolReply) error {
-	return fmt.Errorf("tiered: region %q: pool %q: parent %w: %w since %v", t.region, key,
+	return errs.Errorf("tiered", "region %q: pool %q: parent %w: %w since %v", t.region, key,
 		remote.ErrUnavailable, remote.ErrUnreachable, time.UnixMicro(int64(rep.st.down)).Format(time.RFC3339Nano))
 }
 
@@ -602,7 +602,7 @@ func (t *Store) Debit(ctx context.Context, r remote.Request) (remote.Result, err
 	res, err := t.parent.Debit(ctx, r)
 	if err != nil {
 		t.failures.Add(1)
-		return remote.Result{}, fmt.Errorf("tiered: region %q: debit at the parent: %w", t.region, err)
+		return remote.Result{}, errs.Errorf("tiered", "region %q: debit at the parent: %w", t.region, err)
 	}
 	return res, nil
 }
@@ -619,7 +619,7 @@ func (t *Store) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []
 		case remote.OpDebit:
 			out[i].Result, out[i].Err = t.Debit(ctx, r)
 		default:
-			out[i].Err = fmt.Errorf("tiered: unknown op %v", op)
+			out[i].Err = errs.Errorf("tiered", "unknown op %v", op)
 		}
 	}
 	return out
