@@ -24,7 +24,8 @@
 // back to the configured OutageMode instead of returning errors.
 //
 // A fleet that spans regions passes each region's limiters a
-// remote.Tiered store: it answers from the region's own Redis and refills
-// from the world's in the background, so one limit holds across regions
-// and no decision waits for another region (see ExampleNew_regions).
+// tiered.Store (package remote/tiered): it answers from the region's own
+// Redis and refills from the world's in the background, so one limit holds
+// across regions and no decision waits for another region (see the
+// package's example).
 package hybrid

@@ -34,11 +34,11 @@ const (
 	// Limit.Period, fleet-wide: the contract "1 000 per hour" audited per
 	// window, which a GCRA with Burst 1 000 does not keep (it may let 2 000
 	// through in one hour). Burst must equal Rate (0 is read as Rate). The
-	// store keeps remote.WindowSlots counters per Period, so a window is
-	// exact to Period/20 and never admits more than Rate; leased tokens
-	// count until the last moment they may be spent, a hold of Period/20
-	// at most (see WithLeaseTTL), which costs about 5% of a window's
-	// tokens. Shaped policies are not future-dated (no paced grants).
+	// store keeps remote.WindowSlots (100) counters per Period, so a
+	// window is exact to Period/100 and never admits more than Rate;
+	// leased tokens count until the last moment they may be spent, a hold
+	// of Period/100 at most (and at most the lease TTL, see WithLeaseTTL),
+	// which costs about 1% of a window's tokens. Shaped policies are not future-dated (no paced grants).
 	SlidingWindow
 )
 

@@ -6,6 +6,7 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -23,7 +24,7 @@ var low = []string{"exact", "hooks", "keys", "lease", "lua"}
 func TestImportsPointDown(t *testing.T) {
 	for _, dir := range low {
 		for _, imp := range imports(t, dir, false) {
-			if rest, ok := strings.CutPrefix(imp, module+"internal/"); ok && contains(low, rest) {
+			if rest, ok := strings.CutPrefix(imp, module+"internal/"); ok && slices.Contains(low, rest) {
 				continue
 			}
 			if strings.HasPrefix(imp, module) {
@@ -77,13 +78,4 @@ func imports(t *testing.T, dir string, abs bool) []string {
 		}
 	}
 	return out
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }

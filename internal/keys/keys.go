@@ -19,8 +19,8 @@
 package keys
 
 import (
-	"github.com/leasehold/leasehold/internal/errs"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/errs"
 	"strings"
 	"unicode/utf8"
 )

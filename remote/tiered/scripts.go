@@ -19,30 +19,10 @@ import (
 //
 // Reply: {granted, claimed, now, since, level, exp, claim, down, ver, rem,
 // full, since, used, at}, read by parsePoolReply.
-var poolLua = lua.Prelude + `
-local raw = redis.pcall('GET', KEYS[1])
-if type(raw) == 'table' and raw.err then
-  return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+var poolLua = lua.Prelude + lua.Record + `
 local names = {'level', 'exp', 'claim', 'down', 'ver', 'rem', 'full', 'since', 'used', 'at'}
-local s = {}
-for _, name in ipairs(names) do s[name] = 0 end
-if raw then
-  local f = {}
-  for v in string.gmatch(raw, '%S+') do f[#f + 1] = v end
-  if #f ~= #names + 1 or f[1] ~= 'P' then
-    return redis.error_reply('LEASEHOLD_CORRUPT pool state')
-  end
-  for i, name in ipairs(names) do
-    local v = tonumber(f[i + 1])
-    if not v or v ~= math.floor(v) then
-      return redis.error_reply('LEASEHOLD_CORRUPT pool state')
-    end
-    s[name] = v
-  end
-end
+local s, bad = read_record(KEYS[1], 'P', names)
+if not s then return bad end
 local op = ARGV[1]
 local a = {}
 for i = 3, #ARGV do a[#a + 1] = tonumber(ARGV[i]) end
@@ -118,29 +98,9 @@ var poolScript = redis.NewScript(poolLua)
 // State, a string: "R world own claim down" (regionState, µs of TIME).
 // Reply: {claimed, now, world, own, claim, down}, read by
 // parseRegionReply.
-var regionLua = lua.Prelude + `
-local raw = redis.pcall('GET', KEYS[1])
-if type(raw) == 'table' and raw.err then
-  return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local names = {'world', 'own', 'claim', 'down'}
-local s = {world = 0, own = 0, claim = 0, down = 0}
-if raw then
-  local f = {}
-  for v in string.gmatch(raw, '%S+') do f[#f + 1] = v end
-  if #f ~= #names + 1 or f[1] ~= 'R' then
-    return redis.error_reply('LEASEHOLD_CORRUPT region state')
-  end
-  for i, name in ipairs(names) do
-    local v = tonumber(f[i + 1])
-    if not v or v ~= math.floor(v) then
-      return redis.error_reply('LEASEHOLD_CORRUPT region state')
-    end
-    s[name] = v
-  end
-end
+var regionLua = lua.Prelude + lua.Record + `
+local s, bad = read_record(KEYS[1], 'R', {'world', 'own', 'claim', 'down'})
+if not s then return bad end
 local op = ARGV[1]
 local claimed = 0
 if op == 'beat' then
