@@ -154,7 +154,7 @@ func (l *Limiter) admit(e *entry, p *policyState, left int64, afterCall bool) De
 // asked: the breaker is not closed, a cached answer says when tokens
 // arrive or that the bucket is corrupt, or this decision has had its store
 // rounds.
-func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, round int) (Decision, bool, error) {
+func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono, round int) (Decision, bool, error) {
 	l.checkMode()
 	switch l.store.State() {
 	case gobreaker.StateOpen:
@@ -178,7 +178,7 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, rou
 	if l.outage.held(now) {
 		return l.outage.decide(e, p, n, now), true, nil
 	}
-	if since := e.callSince.Load(); since != 0 && now-(since-1) > int64(l.cfg.storeTimeout) {
+	if since := e.callSince.Load(); since != 0 && now.sub(since-1) > l.cfg.storeTimeout {
 		// The key's store call has been out longer than a decision may
 		// wait: joining it would only wait out the store timeout again.
 		return l.outage.decide(e, p, n, now), true, nil
@@ -195,7 +195,7 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n, now int64, rou
 
 // storeFailed decides n on e after the store call of the round that began
 // at now failed with err.
-func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n, now int64, err error) (Decision, error) {
+func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n int64, now mono, err error) (Decision, error) {
 	lim := p.tier(e).limits[0]
 	switch {
 	case errors.Is(err, ErrClosed):
@@ -210,8 +210,8 @@ func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n, 
 		// more likely dead than slow: tell the breaker, which opens after
 		// a few such reports instead of waiting for in-flight calls to
 		// time out.
-		waited := now + int64(l.cfg.storeTimeout)
-		if waited-l.leaser.lastOK.Load() > int64(l.cfg.refillTimeout) {
+		waited := now.add(l.cfg.storeTimeout)
+		if waited.sub(l.leaser.lastOK.Load()) > l.cfg.refillTimeout {
 			hooks.ReportTimeout(l.store)
 		}
 		return l.outage.decide(e, p, n, waited), nil
@@ -226,7 +226,7 @@ func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n, 
 
 // reject is the refusal of a decision on e: Limit is the limit the store
 // last said refused (the tightest of several), Remaining the estimate.
-func (l *Limiter) reject(e *entry, p *policyState, src Source, wait time.Duration, now int64) Decision {
+func (l *Limiter) reject(e *entry, p *policyState, src Source, wait time.Duration, now mono) Decision {
 	l.stats.rejected[src].Add(1)
 	t := p.tier(e)
 	lim := t.limits[0]

@@ -22,13 +22,13 @@ type entry struct {
 	lowWater atomic.Int32 // refill in the background below this many tokens (clamped)
 	emptyFor atomic.Int32 // the store said empty for requests of this many tokens or more (clamped)...
 
-	emptyUntil atomic.Int64 // ...until then (mono ns)
-	resetAt    atomic.Int64 // mono ns: the bucket is full then (last answer)
+	emptyUntil atomicMono   // ...until then
+	resetAt    atomicMono   // the bucket is full then (last answer)
 	level      atomic.Int64 // tokens in the bucket at the last answer; -1 before the first
 	inflow     atomic.Int64 // tokens put into the lease less those taken out unspent
 	misses     atomic.Int64 // tokens asked for on the slow path
 	waiting    atomic.Int64 // tokens wanted by callers waiting on a store call
-	callSince  atomic.Int64 // mono ns + 1 when the store call in flight began; 0: none
+	callSince  atomicMono   // 1 + the time the store call in flight began; 0: none
 	refilling  atomic.Bool  // a background refill is running
 	// tier is the index of the key's tier in the policy (policyState.tiers),
 	// fixed when the entry is made: a key that changes tier gets a new
@@ -48,17 +48,17 @@ type entry struct {
 
 // rareState is the part of an entry that most keys never need.
 type rareState struct {
-	pendingUntil atomic.Int64 // mono ns: a reservation's next tokens become spendable then; 0: none pending
+	pendingUntil atomicMono   // when a reservation's next tokens become spendable then; 0: none pending
 	reserved     atomic.Int64 // tokens in pending reservations, not yet spendable
 	debt         atomic.Int64 // tokens admitted in degraded mode, not yet charged
-	corruptUntil atomic.Int64 // mono ns: repeat corrupt until then
+	corruptUntil atomicMono   //  repeat corrupt until then
 	// heldSince is, on a sliding window, the store time (µs) of the
 	// earliest grant whose tokens may still be in the lease: a return
 	// names it, so the window takes them back from where it counted them
 	// or earlier, never later. 0 when the lease is empty.
-	heldSince atomic.Int64
+	heldSince atomicStoreMicros
 	binding   atomic.Int32 // which limit the cached refusal came from
-	recheckAt atomic.Int64 // mono ns: ask a window again from then; 0: never early
+	recheckAt atomicMono   // ask a window again from then; 0: never early
 	drain     clock.Timer  // under entry.mu: takes a window's lease back at its expiry
 
 	// Under entry.mu.
@@ -67,9 +67,9 @@ type rareState struct {
 	share    local.Limit // the limit degraded was built for
 	corrupt  error       // the store's last ErrCorruptState for the key
 	// charged is the share deficit the last settlement charged, at
-	// chargedAt (mono ns); see outage.unpaid.
+	// chargedAt ; see outage.unpaid.
 	charged   int64
-	chargedAt int64
+	chargedAt mono
 }
 
 // extra returns e's rareState, allocating it on first use.
@@ -86,7 +86,7 @@ func (e *entry) extra() *rareState {
 
 // pendingUntil returns when pending reservations next release tokens, 0
 // when none are pending.
-func (e *entry) pendingUntil() int64 {
+func (e *entry) pendingUntil() mono {
 	if r := e.rare.Load(); r != nil {
 		return r.pendingUntil.Load()
 	}
@@ -97,7 +97,7 @@ func (e *entry) pendingUntil() int64 {
 // least a moment after now (a late release timer may be overdue), or 0
 // when none are pending. A caller waits for that rather than ask the
 // store, which would only queue a grant behind them.
-func (e *entry) releaseAt(now int64) int64 {
+func (e *entry) releaseAt(now mono) mono {
 	if until := e.pendingUntil(); until != 0 {
 		return max(until, now+1)
 	}
@@ -142,7 +142,7 @@ func (e *entry) emptyForAtMost(n int64) bool { return n >= int64(e.emptyFor.Load
 // when there is none that holds at now. A sliding window's refusal is
 // trusted only until its recheck time: tokens other processes give back
 // return to the window at once, which its wait cannot foresee.
-func (e *entry) refusedUntil(n, now int64) int64 {
+func (e *entry) refusedUntil(n int64, now mono) mono {
 	if !e.emptyForAtMost(n) {
 		return 0
 	}
@@ -171,7 +171,7 @@ func (e *entry) spend(n int64) (ok, low bool, left int64) {
 	return ok, low, left
 }
 
-func (e *entry) resetAfter(now int64) time.Duration {
+func (e *entry) resetAfter(now mono) time.Duration {
 	return time.Duration(max(e.resetAt.Load()-now, 0))
 }
 
@@ -179,15 +179,15 @@ func (e *entry) resetAfter(now int64) time.Duration {
 // said it is full at resetAt, refilling from level at lim's rate. (A
 // bucket in debt answered a level of 0 with a later reset: the estimate
 // then refills from later than it could, which errs low.)
-func (e *entry) levelAt(lim Limit, level int64) int64 {
-	return e.resetAt.Load() - int64(lim.DurationFor(max(lim.Burst-level, 0)))
+func (e *entry) levelAt(lim Limit, level int64) mono {
+	return e.resetAt.Load().add(-lim.DurationFor(max(lim.Burst-level, 0)))
 }
 
 // remaining estimates what the fleet may still admit on e's key at now:
 // the bucket level of the store's last answer, refilled at lim's rate
 // since (other processes' spending is unknown to this one), plus left,
 // this process's unspent lease; at most Burst and never below left.
-func (e *entry) remaining(lim Limit, left, now int64) int64 {
+func (e *entry) remaining(lim Limit, left int64, now mono) int64 {
 	level := e.level.Load()
 	if level < 0 {
 		return left
@@ -199,7 +199,7 @@ func (e *entry) remaining(lim Limit, left, now int64) int64 {
 // corruption returns the store's cached ErrCorruptState answer for the
 // key and how long it stays cached, or nil: a clobbered bucket costs one
 // store call per lease TTL, not one per decision.
-func (e *entry) corruption(now int64) (time.Duration, error) {
+func (e *entry) corruption(now mono) (time.Duration, error) {
 	r := e.rare.Load()
 	if r == nil {
 		return 0, nil
@@ -214,7 +214,7 @@ func (e *entry) corruption(now int64) (time.Duration, error) {
 }
 
 // setCorrupt caches err, an ErrCorruptState answer, until `until`.
-func (e *entry) setCorrupt(err error, until int64) {
+func (e *entry) setCorrupt(err error, until mono) {
 	r := e.extra()
 	e.mu.Lock()
 	r.corrupt = err
@@ -257,7 +257,7 @@ func (e *entry) idleSweep(activity int64, busy bool) int {
 // busy reports whether e holds anything that eviction would lose or that
 // is still changing: tokens, a reservation, a refill, outage debt or a
 // cached "empty until" answer.
-func (e *entry) busy(now int64) bool {
+func (e *entry) busy(now mono) bool {
 	return e.lease.Tokens() > 0 || e.pendingUntil() != 0 || e.refilling.Load() || e.debt() != 0 ||
 		e.emptyUntil.Load() > now
 }
@@ -265,7 +265,7 @@ func (e *entry) busy(now int64) bool {
 // demand estimates a key's token demand per second: a fast-attack,
 // slow-decay average over samples at least minSample apart.
 type demand struct {
-	at      int64 // mono ns of the sample window start
+	at      mono  // start of the sample window start
 	base    int64 // count at the window start
 	rate    float32
 	started bool
@@ -276,13 +276,13 @@ const (
 	demandTau = time.Second
 )
 
-func (d *demand) observe(now, count int64) float64 {
+func (d *demand) observe(now mono, count int64) float64 {
 	if !d.started {
 		d.started, d.at, d.base = true, now, count
 		return float64(d.rate)
 	}
 	dt := now - d.at
-	if dt < int64(minSample) {
+	if dt < mono(minSample) {
 		// Too soon for a sample, but a burst on a cold key must not wait
 		// for one: take it as a rate over the minimum window if that is
 		// higher (attack), and keep the window open.

@@ -97,7 +97,7 @@ func (t *keyTable) evict(e *entry) bool {
 // sweepIdle counts one more idle sweep for each entry with no activity
 // since the last one, and evicts (passing to release) those idle for
 // idleSweepsBeforeEvict sweeps. It runs one pass at a time.
-func (t *keyTable) sweepIdle(now int64, release func(*entry)) {
+func (t *keyTable) sweepIdle(now mono, release func(*entry)) {
 	t.each(func(e *entry) {
 		if e.idleSweep(e.admits.Load()+e.misses.Load(), e.busy(now)) >= idleSweepsBeforeEvict && t.evict(e) {
 			release(e)

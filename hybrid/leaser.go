@@ -38,7 +38,7 @@ type leaser struct {
 	fleet   func() int
 	flights singleflight.Group // keyed by user key only
 	offset  clock.Offset
-	lastOK  atomic.Int64 // mono ns of the last successful store reply
+	lastOK  atomicMono // the last successful store reply
 	// lostLogged is set once a vanished bucket has been logged.
 	lostLogged atomic.Bool
 }
@@ -58,7 +58,7 @@ func (ls *leaser) spend(e *entry, n int64) (ok bool, left int64) {
 // sizeLease picks the batch to ask for and the low-water mark, from the
 // key's demand: demand × horizon, at least need and 1, at most the policy's
 // maximum lease (unless need alone is larger).
-func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now int64) int64 {
+func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int64 {
 	e.mu.Lock()
 	rate := e.demand.observe(now, e.consumed()+e.misses.Load())
 	e.mu.Unlock()
@@ -99,7 +99,7 @@ func (ls *leaser) refillAsync(e *entry) {
 type fetchOutcome struct {
 	deposited bool
 	retry     time.Duration
-	at        int64 // mono ns the outcome was known
+	at        mono // when the outcome was known
 }
 
 // errSlowFlight reports a synchronous caller that stopped waiting for a
@@ -148,7 +148,7 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	if need > 0 && e.lease.Tokens() >= need {
 		return fetchOutcome{deposited: true, at: start}, nil
 	}
-	var until int64
+	var until mono
 	if need > 0 {
 		// A caller waits for tokens a reservation releases soon; a
 		// refill asks for the grant after it.
@@ -156,7 +156,7 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	}
 	until = max(until, e.refusedUntil(max(need, 1), start)) // a refusal for as many or fewer tokens
 	if until > start {
-		return fetchOutcome{retry: time.Duration(until - start), at: start}, nil
+		return fetchOutcome{retry: until.sub(start), at: start}, nil
 	}
 	req := ls.request(e, p, need, start)
 	// Not the caller's context: joined callers share this call. Close ends
@@ -173,7 +173,7 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	if err != nil {
 		ls.stats.storeErrors.Add(1)
 		if errors.Is(err, remote.ErrCorruptState) {
-			e.setCorrupt(err, ls.cfg.now()+int64(ls.cfg.leaseTTL))
+			e.setCorrupt(err, ls.cfg.now().add(ls.cfg.leaseTTL))
 		}
 		return fetchOutcome{}, err
 	}
@@ -187,7 +187,7 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 // request builds the lease request for e: sized for every caller waiting
 // on the key, not just the one that started the flight (the others joined
 // it and will take from it).
-func (ls *leaser) request(e *entry, p *policyState, need, now int64) remote.Request {
+func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote.Request {
 	want := ls.sizeLease(e, p, max(need, e.waiting.Load()), now)
 	if share := ls.contendedShare(e, p); share > want {
 		want = share
@@ -241,7 +241,7 @@ func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
 
 // apply records a lease reply on e under p, for a request that needed need
 // tokens, sent at start and answered at now.
-func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need, start, now int64) fetchOutcome {
+func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need int64, start, now mono) fetchOutcome {
 	if res.Granted > 0 {
 		ls.stats.leaseSizes.observe(float64(res.Granted))
 	}
@@ -253,10 +253,10 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need, start
 	}
 	// A bucket found missing while it should have existed (half its TTL
 	// margin of slack for clock drift) was removed by someone else.
-	if res.Created && e.level.Load() >= 0 && now < e.resetAt.Load()+int64(remote.TTLMargin/2) {
+	if res.Created && e.level.Load() >= 0 && now < e.resetAt.Load().add(remote.TTLMargin/2) {
 		ls.bucketLost(e)
 	}
-	e.resetAt.Store(now + int64(res.ResetAfter))
+	e.resetAt.Store(now.add(res.ResetAfter))
 	e.level.Store(res.Remaining)
 	if res.Binding != 0 || e.rare.Load() != nil {
 		e.extra().binding.Store(int32(res.Binding))
@@ -265,7 +265,7 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need, start
 	case res.Granted > 0 && res.Delay <= 0 && p.hold > 0:
 		ls.stats.leaseGrants.Add(1)
 		e.emptyUntil.Store(0)
-		ls.depositHeld(e, p, res.Granted, res.Now, start+int64(p.life))
+		ls.depositHeld(e, p, res.Granted, res.Now, start.add(p.life))
 		return fetchOutcome{deposited: true, at: now}
 	case res.Granted > 0 && res.Delay <= 0:
 		ls.stats.leaseGrants.Add(1)
@@ -279,10 +279,10 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need, start
 		return fetchOutcome{retry: res.Delay, at: now}
 	default:
 		e.setEmptyFor(max(need, 1))
-		e.emptyUntil.Store(now + int64(res.RetryAfter))
+		e.emptyUntil.Store(now.add(res.RetryAfter))
 		if p.hold > 0 {
 			// Returns reach the window at each sweep of the fleet.
-			e.extra().recheckAt.Store(now + int64(ls.cfg.sweepInterval))
+			e.extra().recheckAt.Store(now.add(ls.cfg.sweepInterval))
 		}
 		return fetchOutcome{retry: res.RetryAfter, at: now}
 	}
@@ -302,9 +302,9 @@ func (ls *leaser) bucketLost(e *entry) {
 
 // deposit puts granted tokens in e's lease; if e was closed meanwhile
 // (eviction, Close) they go back to the store instead.
-func (ls *leaser) deposit(e *entry, n, now int64) {
+func (ls *leaser) deposit(e *entry, n int64, now mono) {
 	ls.stats.tokensLeased.Add(n)
-	if e.lease.Add(n, now+int64(ls.cfg.leaseTTL)) {
+	if e.lease.Add(n, int64(now.add(ls.cfg.leaseTTL))) {
 		e.inflow.Add(n)
 		return
 	}
@@ -312,19 +312,19 @@ func (ls *leaser) deposit(e *entry, n, now int64) {
 }
 
 // depositHeld puts tokens of a sliding window, granted at store time
-// granted, in e's lease until expiry (mono ns: the call's start plus the
+// granted, in e's lease until expiry (the call's start plus the
 // policy's lease life, so before the hold the store counted them for
 // ends). A drain timer takes back what is left at expiry rather than the
 // sweep, whose period may be longer than the hold; the lease's expiry
 // only moves earlier while it still holds tokens of an earlier grant.
-func (ls *leaser) depositHeld(e *entry, p *policyState, n int64, granted time.Time, expiry int64) {
+func (ls *leaser) depositHeld(e *entry, p *policyState, n int64, granted time.Time, expiry mono) {
 	ls.stats.tokensLeased.Add(n)
 	x := e.extra()
 	e.mu.Lock()
-	if old := x.heldSince.Load(); old == 0 || e.lease.Tokens() == 0 || granted.UnixMicro() < old {
-		x.heldSince.Store(granted.UnixMicro())
+	if old := x.heldSince.Load(); old == 0 || e.lease.Tokens() == 0 || storeTime(granted) < old {
+		x.heldSince.Store(storeTime(granted))
 	}
-	ok := e.lease.AddBefore(n, expiry)
+	ok := e.lease.AddBefore(n, int64(expiry))
 	old := x.drain
 	x.drain = nil
 	e.mu.Unlock()
@@ -337,7 +337,7 @@ func (ls *leaser) depositHeld(e *entry, p *policyState, n int64, granted time.Ti
 	}
 	e.inflow.Add(n)
 	// Armed outside e.mu: a manual clock runs a due callback at once.
-	t := ls.bg.after(time.Duration(e.lease.Expiry()-ls.cfg.now()), func() {
+	t := ls.bg.after(mono(e.lease.Expiry()).sub(ls.cfg.now()), func() {
 		if items := ls.drainExpired(ls.policy.load(), e, ls.cfg.now()); len(items) > 0 {
 			// Unspent tokens count in the window until they are back:
 			// send them now, not at the next sweep.
@@ -412,8 +412,8 @@ func (ls *leaser) cancelReservations(e *entry) int64 {
 }
 
 // drainExpired takes back e's lease if it expired at or before now.
-func (ls *leaser) drainExpired(p *policyState, e *entry, now int64) []reconcile.Item {
-	if n := e.lease.DrainExpired(now); n > 0 {
+func (ls *leaser) drainExpired(p *policyState, e *entry, now mono) []reconcile.Item {
+	if n := e.lease.DrainExpired(int64(now)); n > 0 {
 		e.inflow.Add(-n)
 		return []reconcile.Item{ls.returnItem(p, e, n)}
 	}
@@ -438,7 +438,7 @@ func (ls *leaser) returnItem(p *policyState, e *entry, n int64) reconcile.Item {
 	req.N = n
 	if r := e.rare.Load(); r != nil && p.hold > 0 {
 		if since := r.heldSince.Load(); since > 0 {
-			req.Since = time.UnixMicro(since)
+			req.Since = since.time()
 		}
 	}
 	return reconcile.Item{Op: remote.OpReturn, Req: req}

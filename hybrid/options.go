@@ -41,12 +41,12 @@ type config struct {
 	seed          uint64
 	seeded        bool
 	recoveryHold  time.Duration
-	epoch         time.Time // process clock origin of every mono ns value; set by New
+	epoch         time.Time // process clock origin of every mono value; set by New
 }
 
 // now is the process clock in nanoseconds since the limiter was created:
 // monotonic with the real clock, and read once per decision.
-func (c *config) now() int64 { return int64(c.clk.Now().Sub(c.epoch)) }
+func (c *config) now() mono { return mono(c.clk.Now().Sub(c.epoch)) }
 
 func buildConfig(opts []Option) (config, error) {
 	c := config{

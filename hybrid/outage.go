@@ -23,9 +23,9 @@ type outage struct {
 	id    string       // this limiter's member name in the fleet set
 	count atomic.Int64 // live fleet size from heartbeats; 0 = unknown
 	// before is the fleet size heartbeats counted when the last outage
-	// began; holdUntil (mono ns + 1, 0 = no hold) ends the recovery hold.
+	// began; holdUntil (1 + its end, 0 = no hold) ends the recovery hold.
 	before    atomic.Int64
-	holdUntil atomic.Int64
+	holdUntil atomicMono
 }
 
 // began records the fleet size as an outage begins.
@@ -41,16 +41,16 @@ func (o *outage) began() {
 // expires, for peers that died meanwhile), its decisions stay on its own
 // share, so that the fleet as a whole stays within the limit.
 // It reports whether the hold is on.
-func (o *outage) ended(now int64) bool {
+func (o *outage) ended(now mono) bool {
 	if o.fleet != nil && o.before.Load() > 1 && o.cfg.recoveryHold > 0 {
-		o.holdUntil.Store(now + int64(o.cfg.recoveryHold) + 1)
+		o.holdUntil.Store(now.add(o.cfg.recoveryHold) + 1)
 		return true
 	}
 	return false
 }
 
 // held reports whether the recovery hold is on at now.
-func (o *outage) held(now int64) bool {
+func (o *outage) held(now mono) bool {
 	until := o.holdUntil.Load()
 	if until == 0 {
 		return false
@@ -71,7 +71,7 @@ func newOutage(cfg *config, stats *counters, store *breaker.Store, id string) *o
 }
 
 // decide admits or refuses n on e by the outage mode, at now.
-func (o *outage) decide(e *entry, p *policyState, n, now int64) Decision {
+func (o *outage) decide(e *entry, p *policyState, n int64, now mono) Decision {
 	t := p.tier(e)
 	switch o.cfg.outage {
 	case OutageFailOpen:
@@ -87,7 +87,7 @@ func (o *outage) decide(e *entry, p *policyState, n, now int64) Decision {
 		o.stats.rejected[SourceDegraded].Add(1)
 		return Decision{Limit: t.limits[0], RetryAfter: o.cfg.storeTimeout, Source: SourceDegraded}
 	}
-	r, err := b.TakeAt(now, n)
+	r, err := b.TakeAt(int64(now), n)
 	if err != nil || !r.Allowed {
 		o.stats.rejected[SourceDegraded].Add(1)
 		wait := r.RetryAfter
@@ -106,7 +106,7 @@ func (o *outage) decide(e *entry, p *policyState, n, now int64) Decision {
 // policies), rebuilt when the policy or the fleet size changes; nil when
 // no share can be expressed (the outage then refuses: a share never falls
 // back to more than Rate/N).
-func (o *outage) degradedBucket(e *entry, t *tierState, now int64) *local.Bucket {
+func (o *outage) degradedBucket(e *entry, t *tierState, now mono) *local.Bucket {
 	share, ok := shareOf(t.equiv, int64(o.size()))
 	if !ok {
 		return nil
@@ -123,7 +123,7 @@ func (o *outage) degradedBucket(e *entry, t *tierState, now int64) *local.Bucket
 			// The key was in use when the store went away: its global
 			// bucket was likely drawn down, so the share starts empty and
 			// refills at its rate instead of granting a fresh burst.
-			b.Empty(now)
+			b.Empty(int64(now))
 		}
 		x.degraded, x.share = b, share
 	}
@@ -227,7 +227,7 @@ func (o *outage) leave(ctx context.Context, policy string) {
 // degraded mode the local share bucket knows exactly how much of its
 // recent use is still outstanding; fail-open has no such bucket and is
 // charged at most one Burst, leaving the key empty.
-func (o *outage) unpaid(e *entry, p *policyState, admitted, now int64) int64 {
+func (o *outage) unpaid(e *entry, p *policyState, admitted int64, now mono) int64 {
 	if admitted <= 0 {
 		return 0
 	}
@@ -250,7 +250,7 @@ func (o *outage) unpaid(e *entry, p *policyState, admitted, now int64) int64 {
 	lim := b.Limit()
 	covered := lim.TokensIn(time.Duration(now - x.chargedAt))
 	outstanding := max(x.charged-covered, 0)
-	used := lim.Burst - b.Tokens(now)
+	used := lim.Burst - b.Tokens(int64(now))
 	d := max(min(admitted, used-outstanding), 0)
 	x.charged, x.chargedAt = outstanding+d, now
 	return d

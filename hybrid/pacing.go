@@ -18,14 +18,14 @@ import (
 type reservation struct {
 	n         int64       // tokens granted
 	delivered int64       // tokens deposited so far; under entry.mu
-	end       int64       // mono ns: the last token becomes spendable
+	end       mono        // when the last token becomes spendable
 	step      int64       // ns per token, rounded down
 	timer     clock.Timer // the next release; under entry.mu
 }
 
 // releaseLag keeps each release strictly after the store's µs-rounded
 // conformance time.
-const releaseLag = int64(time.Microsecond)
+const releaseLag = mono(time.Microsecond)
 
 // minRelease is the shortest interval between two releases of one
 // reservation: tokens due within it are released together, at the due time
@@ -33,15 +33,15 @@ const releaseLag = int64(time.Microsecond)
 const minRelease = 2 * time.Millisecond
 
 // at returns when token i (1..n) becomes spendable.
-func (r *reservation) at(i int64) int64 {
+func (r *reservation) at(i int64) mono {
 	if i >= r.n {
 		return r.end
 	}
-	return r.end - (r.n-i)*r.step + releaseLag
+	return r.end - mono((r.n-i)*r.step) + releaseLag
 }
 
 // dueBy returns how many tokens are spendable at now.
-func (r *reservation) dueBy(now int64) int64 {
+func (r *reservation) dueBy(now mono) int64 {
 	if now >= r.end {
 		return r.n
 	}
@@ -49,13 +49,13 @@ func (r *reservation) dueBy(now int64) int64 {
 		return 0
 	}
 	// at(i) <= now  <=>  (n−i)·step >= end − now + lag
-	k := (r.end - now + releaseLag + r.step - 1) / r.step // tokens still ahead
+	k := int64(r.end-now+releaseLag+mono(r.step)-1) / r.step // tokens still ahead
 	return min(max(r.n-k, 0), r.n)
 }
 
 // nextRelease returns when the next release is due: the due time of the
 // last token of the next chunk.
-func (r *reservation) nextRelease() int64 {
+func (r *reservation) nextRelease() mono {
 	chunk := max(int64(minRelease)/max(r.step, 1), 1)
 	return r.at(min(r.delivered+chunk, r.n))
 }
@@ -69,13 +69,13 @@ func tokenStep(lim Limit) int64 {
 // reserve holds a future-dated grant of n tokens, whole at now+delay, and
 // releases it into e's lease at the bucket's pace. Until a release the key
 // rejects locally with the exact wait for it.
-func (ls *leaser) reserve(e *entry, n int64, delay time.Duration, now int64) {
+func (ls *leaser) reserve(e *entry, n int64, delay time.Duration, now mono) {
 	if !ls.bg.enter() {
 		ls.giveBack(ls.returnItem(ls.policy.load(), e, n))
 		return
 	}
 	ls.stats.tokensReserved.Add(n)
-	r := &reservation{n: n, end: now + int64(delay), step: tokenStep(ls.policy.load().tier(e).limits[0])}
+	r := &reservation{n: n, end: now.add(delay), step: tokenStep(ls.policy.load().tier(e).limits[0])}
 	x := e.extra()
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -87,7 +87,7 @@ func (ls *leaser) reserve(e *entry, n int64, delay time.Duration, now int64) {
 }
 
 // armLocked schedules r's next release; e.mu is held.
-func (ls *leaser) armLocked(e *entry, r *reservation, now int64) {
+func (ls *leaser) armLocked(e *entry, r *reservation, now mono) {
 	r.timer = ls.cfg.clk.AfterFunc(time.Duration(max(r.nextRelease()-now, 1)), func() { ls.releaseDue(e, r) })
 }
 
@@ -146,7 +146,8 @@ func (e *entry) removePendingLocked(r *reservation) {
 // they still hold.
 func (e *entry) setPendingLocked() {
 	x := e.extra()
-	var next, n int64
+	var next mono
+	var n int64
 	for _, r := range x.pending {
 		if at := r.at(r.delivered + 1); next == 0 || at < next {
 			next = at

@@ -51,7 +51,7 @@ func (l *Limiter) sweep() {
 	// closed, are charged as a recovery would charge them, once the store
 	// answers again (charged earlier, in an outage not yet detected, their
 	// unpaid part would be counted twice).
-	settleDebt := l.modes.mode() == ModeHealthy && now-l.leaser.lastOK.Load() < int64(l.cfg.sweepInterval)
+	settleDebt := l.modes.mode() == ModeHealthy && now.sub(l.leaser.lastOK.Load()) < l.cfg.sweepInterval
 	p := l.policy.load()
 	l.keys.each(func(e *entry) {
 		l.settleLater(l.leaser.drainExpired(p, e, now)...)
@@ -64,7 +64,7 @@ func (l *Limiter) sweep() {
 }
 
 // debtItems takes e's outage debt and returns the debit of its unpaid part.
-func (l *Limiter) debtItems(e *entry, p *policyState, now int64) []reconcile.Item {
+func (l *Limiter) debtItems(e *entry, p *policyState, now mono) []reconcile.Item {
 	if d := l.outage.unpaid(e, p, e.takeDebt(), now); d > 0 {
 		return []reconcile.Item{l.debitItem(p, e, d)}
 	}

@@ -14,9 +14,9 @@ const maxDebt = int64(1) << 51
 // for the meaning of each field). MemoryStore runs this Go twin of the
 // script; the conformance suite holds the two to the same answers.
 type state struct {
-	level   int64 // whole tokens; negative while reservations or debt are out
-	carry   int64 // refill progress toward the next token, in [0, per)
-	last    int64 // µs of the store clock when level was computed
+	level   int64  // whole tokens; negative while reservations or debt are out
+	carry   int64  // refill progress toward the next token, in [0, per)
+	last    micros // store time when level was computed
 	version uint64
 	burst   int64
 	rate    int64 // tokens every per µs, lowest terms
@@ -50,11 +50,11 @@ func (s *state) waitFor(from, to int64) int64 {
 	return q*s.per + cdiv(r*s.per-s.carry, s.rate)
 }
 
-func (s *state) refill(now int64) {
+func (s *state) refill(now micros) {
 	if now <= s.last {
 		return // same µs, or the store clock stepped back: wait for it
 	}
-	elapsed := now - s.last
+	elapsed := now.since(s.last)
 	s.last = now
 	if s.level >= s.burst {
 		s.carry = 0
@@ -76,7 +76,7 @@ func (s *state) refill(now int64) {
 
 // apply runs op on the bucket at store time now (µs) and returns the new
 // state and the reply. It mirrors bucketLua step for step.
-func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now int64) (state, Result) {
+func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros) (state, Result) {
 	stale := false
 	if !exists {
 		st = state{level: m.Burst, last: now, version: r.Version, burst: m.Burst, rate: m.Rate, per: m.Per}
@@ -116,7 +116,7 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now int64) 
 		Remaining:  max(st.level, 0),
 		RetryAfter: time.Duration(retry) * time.Microsecond,
 		ResetAfter: time.Duration(reset) * time.Microsecond,
-		Now:        time.UnixMicro(now),
+		Now:        time.UnixMicro(int64(now)),
 		Version:    st.version,
 		Stale:      stale,
 		Created:    !exists,
@@ -157,3 +157,16 @@ func ttl(reset time.Duration) time.Duration {
 // TTLMargin is how long a bucket key outlives its time to full: a bucket
 // missing well before then was removed by someone else.
 const TTLMargin = time.Second
+
+// micros is a time on the store's clock (Redis TIME, or the MemoryStore's
+// clock): microseconds since the Unix epoch. Durations in the arithmetic
+// stay plain int64 microseconds; an instant is a micros, so passing a
+// duration, or a process clock's nanoseconds, where an instant is wanted
+// needs a conversion that shows.
+type micros int64
+
+// plus returns t moved by d microseconds.
+func (t micros) plus(d int64) micros { return t + micros(d) }
+
+// since returns the microseconds from u to t.
+func (t micros) since(u micros) int64 { return int64(t - u) }

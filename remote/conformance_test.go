@@ -40,12 +40,12 @@ func memoryBackend(t *testing.T) backend {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			b, ok := s.mu.buckets[key]
-			return ok && clk.Now().UnixMicro() < b.deadline
+			return ok && micros(clk.Now().UnixMicro()) < b.deadline
 		},
 		ttl: func(key string) time.Duration {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			return time.Duration(s.mu.buckets[key].deadline-clk.Now().UnixMicro()) * time.Microsecond
+			return time.Duration(s.mu.buckets[key].deadline.since(micros(clk.Now().UnixMicro()))) * time.Microsecond
 		},
 	}
 }

@@ -31,7 +31,7 @@ type MemoryStore struct {
 type memBucket struct {
 	st       state
 	sh       *shapeState // set instead of st for a shaped bucket
-	deadline int64       // µs; the bucket is gone at or after it
+	deadline micros      // the bucket is gone at or after it
 }
 
 var _ Store = (*MemoryStore)(nil)
@@ -72,7 +72,7 @@ func (s *MemoryStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 
 // live returns how many buckets are live, for tests.
 func (s *MemoryStore) live() int {
-	now := s.clk.Now().UnixMicro()
+	now := micros(s.clk.Now().UnixMicro())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.expireLocked(now)
@@ -94,7 +94,7 @@ func (s *MemoryStore) do(ctx context.Context, op Op, r Request) (Result, error) 
 		}
 	}
 	key := bucketKey(&r)
-	now := s.clk.Now().UnixMicro()
+	now := micros(s.clk.Now().UnixMicro())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b, ok := s.mu.buckets[key]
@@ -117,7 +117,7 @@ func (s *MemoryStore) do(ctx context.Context, op Op, r Request) (Result, error) 
 		st, res = apply(st, ok, op, &r, m, now)
 		b = memBucket{st: st}
 	}
-	b.deadline = now + int64(ttl(res.ResetAfter)/1000)
+	b.deadline = now.plus(ttl(res.ResetAfter).Microseconds())
 	s.mu.buckets[key] = b
 	if s.mu.writes++; s.mu.writes >= max(4096, s.mu.live) {
 		s.expireLocked(now)
@@ -128,7 +128,7 @@ func (s *MemoryStore) do(ctx context.Context, op Op, r Request) (Result, error) 
 // expireLocked drops expired buckets. It runs after as many writes as the
 // last sweep left buckets, so its cost is amortized O(1) per write and the
 // map holds at most about twice the live set.
-func (s *MemoryStore) expireLocked(now int64) {
+func (s *MemoryStore) expireLocked(now micros) {
 	s.mu.writes = 0
 	for k, b := range s.mu.buckets {
 		if now >= b.deadline {

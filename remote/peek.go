@@ -60,7 +60,7 @@ func (s *RedisStore) Peek(ctx context.Context, prefix, policy, key string) (Buck
 	if err != nil {
 		return Bucket{}, errs.Errorf("remote", "bucket %q: %w: %w", bk, ErrCorruptState, err)
 	}
-	st.refill(sec*1_000_000 + usec)
+	st.refill(micros(sec*1_000_000 + usec))
 	b := Bucket{Exists: true, Level: st.level, Version: st.version, TTL: time.Duration(max(pttl, 0)) * time.Millisecond,
 		Limit:      local.Limit{Rate: st.rate, Period: time.Duration(st.per) * time.Microsecond, Burst: st.burst},
 		ResetAfter: time.Duration(st.waitFor(st.level, st.burst)) * time.Microsecond}

@@ -33,7 +33,7 @@ type part struct {
 // traffic.
 type window struct {
 	rate, per, sub int64
-	last           int64 // µs of the store clock at the last update
+	last           micros // store time at the last update
 	base           int64
 	counts         []int64
 }
@@ -91,22 +91,22 @@ func validateShape(op Op, r *Request) ([]shapeLimit, error) {
 // maxLimits is the most limits one policy may carry (Limit and Also).
 const maxLimits = 8
 
-func newWindow(l shapeLimit, now int64) window {
+func newWindow(l shapeLimit, now micros) window {
 	w := window{rate: l.m.Rate, per: l.m.Per, last: now}
 	w.sub = max(1, w.per/WindowSlots)
 	w.counts = make([]int64, cdiv(w.per, w.sub)+cdiv(w.per, 10*w.sub)+2)
-	w.base, _ = idiv(now-w.per, w.sub)
+	w.base, _ = idiv(int64(now)-w.per, w.sub)
 	return w
 }
 
 // shift moves the window to now: sub-windows that have wholly left it are
 // dropped. A clock that stepped back keeps the window where it was.
-func (w *window) shift(now int64) {
+func (w *window) shift(now micros) {
 	if now <= w.last {
 		return
 	}
 	w.last = now
-	lo, _ := idiv(now-w.per, w.sub)
+	lo, _ := idiv(int64(now)-w.per, w.sub)
 	d := lo - w.base
 	if d <= 0 {
 		return
@@ -132,8 +132,8 @@ func (w *window) sum() int64 {
 
 // slot returns the index of the sub-window holding store time at, clamped
 // to the last slot; negative when that sub-window has left the window.
-func (w *window) slot(at int64) int64 {
-	q, _ := idiv(at, w.sub)
+func (w *window) slot(at micros) int64 {
+	q, _ := idiv(int64(at), w.sub)
 	return min(q-w.base, int64(len(w.counts))-1)
 }
 
@@ -146,7 +146,7 @@ func (w *window) wait(k int64) int64 {
 	var dropped int64
 	for i, c := range w.counts {
 		if dropped += c; dropped >= excess {
-			return (w.base+int64(i)+1)*w.sub + w.per - w.last
+			return (w.base+int64(i)+1)*w.sub + w.per - int64(w.last)
 		}
 	}
 	return w.per
@@ -156,7 +156,7 @@ func (w *window) wait(k int64) int64 {
 func (w *window) reset() int64 {
 	for i := len(w.counts) - 1; i >= 0; i-- {
 		if w.counts[i] > 0 {
-			return (w.base+int64(i)+1)*w.sub + w.per - w.last
+			return (w.base+int64(i)+1)*w.sub + w.per - int64(w.last)
 		}
 	}
 	return 0
@@ -203,7 +203,7 @@ func (p *part) same(l shapeLimit) bool {
 
 // freshPart returns a new part for l at now: a full bucket or an empty
 // window, with used tokens already taken.
-func freshPart(l shapeLimit, now, used int64) part {
+func freshPart(l shapeLimit, now micros, used int64) part {
 	if l.window {
 		w := newWindow(l, now)
 		if used > 0 {
@@ -218,7 +218,7 @@ func freshPart(l shapeLimit, now, used int64) part {
 // rescale moves old, refilled to now, to the limit l of a newer policy:
 // tokens used are kept (clamped to a bucket's new burst), and a window
 // keeps its counters when its period is unchanged.
-func rescale(old part, l shapeLimit, now int64) part {
+func rescale(old part, l shapeLimit, now micros) part {
 	switch {
 	case !old.window && !l.window:
 		g := old.g
@@ -235,7 +235,7 @@ func rescale(old part, l shapeLimit, now int64) part {
 		// the old window's latest one, so they count at least as long.
 		nw := freshPart(l, now, 0)
 		if last := old.w.reset(); last > 0 {
-			nw.w.counts[max(nw.w.slot(now+last-old.w.per-1), 0)] = min(old.w.sum(), nw.w.rate)
+			nw.w.counts[max(nw.w.slot(now.plus(last-old.w.per-1)), 0)] = min(old.w.sum(), nw.w.rate)
 		}
 		return nw
 	}
@@ -243,7 +243,7 @@ func rescale(old part, l shapeLimit, now int64) part {
 }
 
 // refresh brings every part to now.
-func (s *shapeState) refresh(now int64) {
+func (s *shapeState) refresh(now micros) {
 	for i := range s.parts {
 		if p := &s.parts[i]; p.window {
 			p.w.shift(now)
@@ -256,7 +256,7 @@ func (s *shapeState) refresh(now int64) {
 // applyShape runs op on a shaped bucket at store time now: the Go twin of
 // shapeLua. Binding is the part that held the fewest tokens, or on a
 // refusal the one with the longest wait (see shapeState.lease).
-func applyShape(st shapeState, exists bool, op Op, r *Request, ls []shapeLimit, now int64) (shapeState, Result) {
+func applyShape(st shapeState, exists bool, op Op, r *Request, ls []shapeLimit, now micros) (shapeState, Result) {
 	stale := st.bring(exists, r.Version, ls, now)
 	var granted, retry int64
 	binding := 0
@@ -285,7 +285,7 @@ func applyShape(st shapeState, exists bool, op Op, r *Request, ls []shapeLimit, 
 		Remaining:  max(remaining, 0),
 		RetryAfter: time.Duration(retry) * time.Microsecond,
 		ResetAfter: time.Duration(reset) * time.Microsecond,
-		Now:        time.UnixMicro(now),
+		Now:        time.UnixMicro(int64(now)),
 		Version:    st.version,
 		Stale:      stale,
 		Created:    !exists,
@@ -297,7 +297,7 @@ func applyShape(st shapeState, exists bool, op Op, r *Request, ls []shapeLimit, 
 // now: a new bucket if it did not exist, refilled parts, and parts
 // rescaled to a newer version or other limits. It reports whether the
 // bucket's version is newer than the request's (stale).
-func (s *shapeState) bring(exists bool, version uint64, ls []shapeLimit, now int64) (stale bool) {
+func (s *shapeState) bring(exists bool, version uint64, ls []shapeLimit, now micros) (stale bool) {
 	if !exists {
 		*s = shapeState{version: version, parts: make([]part, len(ls))}
 		for i, l := range ls {
@@ -349,7 +349,7 @@ func (s *shapeState) lease(r *Request, hold int64) (granted, retry int64, bindin
 	}
 	for i := range s.parts {
 		if p := &s.parts[i]; p.window {
-			p.w.counts[p.w.slot(p.w.last+hold)] += granted
+			p.w.counts[p.w.slot(p.w.last.plus(hold))] += granted
 		} else {
 			p.g.level -= granted
 		}
@@ -371,7 +371,7 @@ func (p *part) giveBack(n int64, since time.Time, hold int64) {
 	if since.IsZero() {
 		return
 	}
-	if k := p.w.slot(since.UnixMicro() + hold); k >= 0 {
+	if k := p.w.slot(micros(since.UnixMicro()).plus(hold)); k >= 0 {
 		p.w.counts[k] = max(p.w.counts[k]-n, 0)
 	}
 }
@@ -408,7 +408,7 @@ func fromPlain(st state) shapeState {
 // toPlain reads a shaped bucket as a plain one, for a policy that went back
 // to one token bucket: its first part if that is a bucket, else a bucket
 // that has used what the window holds. The plain rescale then applies.
-func (s *shapeState) toPlain(now int64) state {
+func (s *shapeState) toPlain(now micros) state {
 	p := s.parts[0]
 	if !p.window {
 		st := p.g
