@@ -23,15 +23,8 @@ const maxStoreRounds = 3
 // on a key with leased tokens it reads no clock and allocates nothing.
 // Invalid keys are rejected (AllowN says why).
 func (l *Limiter) Allow(ctx context.Context, key string) bool {
-	// The lookup and spend are inlined (no call on a leased key): each
-	// extra call measurably slows BenchmarkAllow.
-	if e := l.keys.entries.load(key); e != nil && (l.cfg.tierOf == nil || l.inTier(e, key)) {
-		if ok, low, _ := e.spend(1); ok {
-			if low {
-				l.leaser.refillAsync(e)
-			}
-			return true
-		}
+	if _, ok, _ := l.leased(key, 1); ok {
+		return true
 	}
 	d, _ := l.allowSlow(ctx, key, 1)
 	return d.Allowed
@@ -44,17 +37,25 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 // bucket whose Redis key holds data leasehold did not write
 // (remote.ErrCorruptState).
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
-	if e := l.keys.entries.load(key); e != nil && n > 0 && (l.cfg.tierOf == nil || l.inTier(e, key)) {
-		if ok, low, left := e.spend(n); ok {
-			if low {
-				l.leaser.refillAsync(e)
-			}
+	if n > 0 {
+		if e, ok, left := l.leased(key, n); ok {
 			t, now := l.policy.load().tier(e), l.cfg.now()
-			return Decision{Allowed: true, Limit: t.limits[0], Remaining: e.remaining(t.est, left, now),
-				ResetAfter: e.resetAfter(now), Source: SourceLease}, nil
+			return Decision{Allowed: true, Limit: t.limits[0], Remaining: e.answer.remaining(t.est, left, now),
+				ResetAfter: e.answer.resetAfter(now), Source: SourceLease}, nil
 		}
 	}
 	return l.allowSlow(ctx, key, n)
+}
+
+// leased takes n tokens from the lease of key's entry, if the key is
+// tracked under the tier it is in now. Every decision spends leased tokens
+// through leaser.spend, here (Allow, AllowN, ReserveN) or on the entry it
+// holds (allowSlow). It reads no clock and allocates nothing.
+func (l *Limiter) leased(key string, n int64) (e *entry, ok bool, left int64) {
+	if e = l.keys.entries.load(key); e != nil && (l.cfg.tierOf == nil || l.inTier(e, key)) {
+		ok, left = l.leaser.spend(e, n)
+	}
+	return e, ok, left
 }
 
 // inTier reports whether e is under the tier WithTier names for key now.
@@ -112,7 +113,10 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 	if err := l.checkRequest(p, &p.tiers[tier], key, n); err != nil {
 		return Decision{Limit: p.tiers[tier].limits[0]}, err
 	}
-	e := l.keys.getOrCreate(key, tier, l.closing.Load, l.releaseEntry)
+	e, evicted := l.keys.getOrCreate(key, tier)
+	if len(evicted) > 0 {
+		l.releaseAll(evicted)
+	}
 	if e == nil {
 		return Decision{Limit: p.tiers[tier].limits[0]}, ErrClosed
 	}
@@ -147,7 +151,7 @@ func (l *Limiter) admit(e *entry, p *policyState, left int64, afterCall bool) De
 		l.stats.admitted[SourceRemote].Add(1)
 	}
 	now, t := l.cfg.now(), p.tier(e)
-	return Decision{Allowed: true, Limit: t.limits[0], Remaining: e.remaining(t.est, left, now), ResetAfter: e.resetAfter(now), Source: src}
+	return Decision{Allowed: true, Limit: t.limits[0], Remaining: e.answer.remaining(t.est, left, now), ResetAfter: e.answer.resetAfter(now), Source: src}
 }
 
 // decideWithoutStore decides n on e when the store must not or need not be
@@ -235,8 +239,8 @@ func (l *Limiter) reject(e *entry, p *policyState, src Source, wait time.Duratio
 			lim = t.limits[b]
 		}
 	}
-	return Decision{Limit: lim, Remaining: e.remaining(t.est, e.lease.Tokens(), now), RetryAfter: wait,
-		ResetAfter: e.resetAfter(now), Source: src}
+	return Decision{Limit: lim, Remaining: e.answer.remaining(t.est, e.lease.Tokens(), now), RetryAfter: wait,
+		ResetAfter: e.answer.resetAfter(now), Source: src}
 }
 
 func (l *Limiter) checkRequest(p *policyState, t *tierState, key string, n int64) error {
@@ -249,7 +253,7 @@ func (l *Limiter) checkRequest(p *policyState, t *tierState, key string, n int64
 	if n > t.est.Burst {
 		return errs.Errorf("hybrid", "allow %d on %.64q, burst %d: %w", n, key, t.est.Burst, ErrExceedsBurst)
 	}
-	if l.closing.Load() {
+	if l.keys.closed.Load() {
 		return ErrClosed
 	}
 	return nil

@@ -8,7 +8,6 @@ import (
 
 	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/internal/lease"
-	"github.com/leasehold/leasehold/local"
 )
 
 // entry is the local state of one key, shared by the concerns that act on
@@ -20,24 +19,19 @@ type entry struct {
 	lease    lease.Cell
 	admits   atomic.Int64 // decisions admitted from the lease
 	lowWater atomic.Int32 // refill in the background below this many tokens (clamped)
-	emptyFor atomic.Int32 // the store said empty for requests of this many tokens or more (clamped)...
-
-	emptyUntil atomicMono   // ...until then
-	resetAt    atomicMono   // the bucket is full then (last answer)
-	level      atomic.Int64 // tokens in the bucket at the last answer; -1 before the first
-	inflow     atomic.Int64 // tokens put into the lease less those taken out unspent
-	misses     atomic.Int64 // tokens asked for on the slow path
-	waiting    atomic.Int64 // tokens wanted by callers waiting on a store call
-	callSince  atomicMono   // 1 + the time the store call in flight began; 0: none
-	refilling  atomic.Bool  // a background refill is running
+	// sweepMark is owned by the key table's sweep, which runs one pass at
+	// a time: see idleSweep.
+	sweepMark uint32
+	answer    answer       // the store's last answer
+	inflow    atomic.Int64 // tokens put into the lease less those taken out unspent
+	misses    atomic.Int64 // tokens asked for on the slow path
+	waiting   atomic.Int64 // tokens wanted by callers waiting on a store call
+	callSince atomicMono   // 1 + the time the store call in flight began; 0: none
+	refilling atomic.Bool  // a background refill is running
 	// tier is the index of the key's tier in the policy (policyState.tiers),
 	// fixed when the entry is made: a key that changes tier gets a new
 	// entry. It sits in padding, so it costs no bytes.
 	tier uint16
-
-	// sweepMark is owned by the key table's sweep, which runs one pass at
-	// a time: see idleSweep.
-	sweepMark uint32
 
 	rare atomic.Pointer[rareState]
 	key  string
@@ -46,30 +40,35 @@ type entry struct {
 	demand demand // under mu
 }
 
-// rareState is the part of an entry that most keys never need.
+// answer is the store's last answer for a key, kept so that decisions
+// need not ask again: the bucket's level and when it is full, and a
+// refusal (empty for requests of emptyFor tokens or more, until
+// emptyUntil). The leaser writes it when a reply arrives; decisions read
+// it lock-free.
+type answer struct {
+	emptyFor   atomic.Int32 // clamped to the field
+	emptyUntil atomicMono
+	resetAt    atomicMono
+	level      atomic.Int64 // -1 before the first answer
+}
+
+// rareState is the part of an entry that most keys never need. Each
+// concern's part is its own type with its own lock.
 type rareState struct {
-	pendingUntil atomicMono   // when a reservation's next tokens become spendable then; 0: none pending
-	reserved     atomic.Int64 // tokens in pending reservations, not yet spendable
-	debt         atomic.Int64 // tokens admitted in degraded mode, not yet charged
-	corruptUntil atomicMono   //  repeat corrupt until then
-	// heldSince is, on a sliding window, the store time (µs) of the
-	// earliest grant whose tokens may still be in the lease: a return
-	// names it, so the window takes them back from where it counted them
-	// or earlier, never later. 0 when the lease is empty.
-	heldSince atomicStoreMicros
-	binding   atomic.Int32 // which limit the cached refusal came from
-	recheckAt atomicMono   // ask a window again from then; 0: never early
-	drain     clock.Timer  // under entry.mu: takes a window's lease back at its expiry
+	pace reservations // the pacer's
+	down degradedKey  // the outage's
+	// heldSince is, on a sliding window, the store time of the earliest
+	// grant whose tokens may still be in the lease: a return names it, so
+	// the window takes them back from where it counted them or earlier,
+	// never later. 0 when the lease is empty.
+	heldSince    atomicStoreMicros
+	binding      atomic.Int32 // which limit the cached refusal came from
+	recheckAt    atomicMono   // ask a window again from then; 0: never early
+	corruptUntil atomicMono   // repeat corrupt until then
 
 	// Under entry.mu.
-	pending  []*reservation // future-dated grants not yet all released
-	degraded *local.Bucket
-	share    local.Limit // the limit degraded was built for
-	corrupt  error       // the store's last ErrCorruptState for the key
-	// charged is the share deficit the last settlement charged, at
-	// chargedAt ; see outage.unpaid.
-	charged   int64
-	chargedAt mono
+	drain   clock.Timer // takes a window's lease back at its expiry
+	corrupt error       // the store's last ErrCorruptState for the key
 }
 
 // extra returns e's rareState, allocating it on first use.
@@ -88,7 +87,7 @@ func (e *entry) extra() *rareState {
 // when none are pending.
 func (e *entry) pendingUntil() mono {
 	if r := e.rare.Load(); r != nil {
-		return r.pendingUntil.Load()
+		return r.pace.next.Load()
 	}
 	return 0
 }
@@ -107,7 +106,7 @@ func (e *entry) releaseAt(now mono) mono {
 // reserved returns the tokens pending reservations still hold.
 func (e *entry) reserved() int64 {
 	if r := e.rare.Load(); r != nil {
-		return r.reserved.Load()
+		return r.pace.held.Load()
 	}
 	return 0
 }
@@ -115,7 +114,7 @@ func (e *entry) reserved() int64 {
 // debt returns the tokens admitted in degraded mode not yet charged.
 func (e *entry) debt() int64 {
 	if r := e.rare.Load(); r != nil {
-		return r.debt.Load()
+		return r.down.debt.Load()
 	}
 	return 0
 }
@@ -123,7 +122,7 @@ func (e *entry) debt() int64 {
 // takeDebt returns e's outage debt and clears it.
 func (e *entry) takeDebt() int64 {
 	if r := e.rare.Load(); r != nil {
-		return r.debt.Swap(0)
+		return r.down.debt.Swap(0)
 	}
 	return 0
 }
@@ -131,19 +130,33 @@ func (e *entry) takeDebt() int64 {
 // setLowWater sets the low-water mark, clamped to the field.
 func (e *entry) setLowWater(n int64) { e.lowWater.Store(int32(min(n, math.MaxInt32))) }
 
-// setEmptyFor records the request size a cached refusal holds for,
-// clamped: a request of 2^31 tokens or more is refused like the largest.
-func (e *entry) setEmptyFor(n int64) { e.emptyFor.Store(int32(min(n, math.MaxInt32))) }
+// refuse caches a refusal of requests of n tokens or more until until;
+// n is clamped: a request of 2^31 tokens or more is refused like the
+// largest.
+func (a *answer) refuse(n int64, until mono) {
+	a.emptyFor.Store(int32(min(n, math.MaxInt32)))
+	a.emptyUntil.Store(until)
+}
 
-// emptyForAtMost reports whether the cached refusal holds for n tokens.
-func (e *entry) emptyForAtMost(n int64) bool { return n >= int64(e.emptyFor.Load()) }
+// forget drops a cached refusal (a grant came, or the bucket was
+// rescaled).
+func (a *answer) forget() { a.emptyUntil.Store(0) }
+
+// record keeps a reply's level and reset time, received at now.
+func (a *answer) record(level int64, resetAfter time.Duration, now mono) {
+	a.resetAt.Store(now.add(resetAfter))
+	a.level.Store(level)
+}
+
+// seen reports whether the store has answered for the key.
+func (a *answer) seen() bool { return a.level.Load() >= 0 }
 
 // refusedUntil returns when the cached refusal for n tokens ends, or 0
 // when there is none that holds at now. A sliding window's refusal is
 // trusted only until its recheck time: tokens other processes give back
 // return to the window at once, which its wait cannot foresee.
 func (e *entry) refusedUntil(n int64, now mono) mono {
-	if !e.emptyForAtMost(n) {
+	if n < int64(e.answer.emptyFor.Load()) {
 		return 0
 	}
 	if r := e.rare.Load(); r != nil {
@@ -151,12 +164,12 @@ func (e *entry) refusedUntil(n int64, now mono) mono {
 			return 0
 		}
 	}
-	return e.emptyUntil.Load()
+	return e.answer.emptyUntil.Load()
 }
 
 func newEntry(key string) *entry {
 	e := &entry{key: key}
-	e.level.Store(-1)
+	e.answer.level.Store(-1)
 	return e
 }
 
@@ -171,28 +184,28 @@ func (e *entry) spend(n int64) (ok, low bool, left int64) {
 	return ok, low, left
 }
 
-func (e *entry) resetAfter(now mono) time.Duration {
-	return time.Duration(max(e.resetAt.Load()-now, 0))
+func (a *answer) resetAfter(now mono) time.Duration {
+	return max(a.resetAt.Load().sub(now), 0)
 }
 
-// levelAt returns when the bucket held e.level tokens: the last answer
+// levelAt returns when the bucket held level tokens: the last answer
 // said it is full at resetAt, refilling from level at lim's rate. (A
 // bucket in debt answered a level of 0 with a later reset: the estimate
 // then refills from later than it could, which errs low.)
-func (e *entry) levelAt(lim Limit, level int64) mono {
-	return e.resetAt.Load().add(-lim.DurationFor(max(lim.Burst-level, 0)))
+func (a *answer) levelAt(lim Limit, level int64) mono {
+	return a.resetAt.Load().add(-lim.DurationFor(max(lim.Burst-level, 0)))
 }
 
-// remaining estimates what the fleet may still admit on e's key at now:
+// remaining estimates what the fleet may still admit on the key at now:
 // the bucket level of the store's last answer, refilled at lim's rate
 // since (other processes' spending is unknown to this one), plus left,
 // this process's unspent lease; at most Burst and never below left.
-func (e *entry) remaining(lim Limit, left int64, now mono) int64 {
-	level := e.level.Load()
+func (a *answer) remaining(lim Limit, left int64, now mono) int64 {
+	level := a.level.Load()
 	if level < 0 {
 		return left
 	}
-	level += lim.TokensIn(time.Duration(max(now-e.levelAt(lim, level), 0)))
+	level += lim.TokensIn(max(now.sub(a.levelAt(lim, level)), 0))
 	return max(min(level+left, lim.Burst), left)
 }
 
@@ -222,16 +235,6 @@ func (e *entry) setCorrupt(err error, until mono) {
 	r.corruptUntil.Store(until)
 }
 
-// refund puts n tokens of a debit the store did not take back into the
-// outage debt, and out of what the share counts as charged.
-func (e *entry) refund(n int64) {
-	r := e.extra()
-	e.mu.Lock()
-	r.charged = max(r.charged-n, 0)
-	e.mu.Unlock()
-	r.debt.Add(n)
-}
-
 // consumed is the tokens spent from the lease so far: every token that
 // entered the cell either was spent, was drained, or is still there.
 func (e *entry) consumed() int64 {
@@ -259,7 +262,7 @@ func (e *entry) idleSweep(activity int64, busy bool) int {
 // cached "empty until" answer.
 func (e *entry) busy(now mono) bool {
 	return e.lease.Tokens() > 0 || e.pendingUntil() != 0 || e.refilling.Load() || e.debt() != 0 ||
-		e.emptyUntil.Load() > now
+		e.answer.emptyUntil.Load() > now
 }
 
 // demand estimates a key's token demand per second: a fast-attack,

@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"hash/maphash"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,14 +12,14 @@ import (
 const idleSweepsBeforeEvict = 8
 
 // keyTable owns the keys a limiter tracks: lookup, creation within
-// MaxKeys, eviction and the idle sweep. Evicted entries are closed (their
-// lease takes no more tokens) and handed to the caller, which settles what
-// they held.
+// MaxKeys, eviction and the idle sweep. Evicted entries are returned to
+// the caller, which settles what they held.
 type keyTable struct {
 	max     int64
 	entries entryMap
 	n       atomic.Int64
-	evictMu sync.Mutex // serializes makeRoom
+	closed  atomic.Bool // no more entries (Close)
+	evictMu sync.Mutex  // serializes makeRoom
 
 	evictions     atomic.Int64
 	evictedAdmits atomic.Int64 // lease admissions of evicted entries, for Stats
@@ -31,35 +32,35 @@ func (t *keyTable) load(key string) *entry {
 
 // getOrCreate returns key's entry under tier, creating it if needed: an
 // entry under another tier is evicted first (the key moved). Making room
-// evicts entries too; all are passed to release. It returns nil once
-// closing reports true.
-func (t *keyTable) getOrCreate(key string, tier uint16, closing func() bool, release func(*entry)) *entry {
+// evicts entries too; all are returned in evicted, for the caller to
+// settle. It returns a nil entry once the table is closed.
+func (t *keyTable) getOrCreate(key string, tier uint16) (e *entry, evicted []*entry) {
 	if e := t.load(key); e != nil {
 		if e.tier == tier {
-			return e
+			return e, nil
 		}
 		if t.evict(e) {
-			release(e)
+			evicted = append(evicted, e)
 		}
 	}
 	if t.n.Add(1) > t.max {
-		t.makeRoom(release)
+		evicted = t.makeRoom(evicted)
 	}
-	e := newEntry(strings.Clone(key))
+	e = newEntry(strings.Clone(key))
 	e.tier = tier
 	v, loaded := t.entries.loadOrStore(e)
 	if loaded {
 		t.n.Add(-1)
-		return v
+		return v, evicted
 	}
-	if closing() {
+	if t.closed.Load() {
 		// Close may have finished its sweep before this insert.
 		if t.entries.compareAndDelete(e) {
 			t.n.Add(-1)
 		}
-		return nil
+		return nil, evicted
 	}
-	return e
+	return e, evicted
 }
 
 // each calls f on every entry.
@@ -95,25 +96,26 @@ func (t *keyTable) evict(e *entry) bool {
 }
 
 // sweepIdle counts one more idle sweep for each entry with no activity
-// since the last one, and evicts (passing to release) those idle for
+// since the last one, and evicts (and returns) those idle for
 // idleSweepsBeforeEvict sweeps. It runs one pass at a time.
-func (t *keyTable) sweepIdle(now mono, release func(*entry)) {
+func (t *keyTable) sweepIdle(now mono) (evicted []*entry) {
 	t.each(func(e *entry) {
 		if e.idleSweep(e.admits.Load()+e.misses.Load(), e.busy(now)) >= idleSweepsBeforeEvict && t.evict(e) {
-			release(e)
+			evicted = append(evicted, e)
 		}
 	})
+	return evicted
 }
 
 // makeRoom evicts keys until the tracked count is back under max. It
 // evicts a batch at a time, in the map's (hash) order, skipping keys with
 // a refill or reservation in flight, so a spray of new keys costs an
 // amortized constant per insert.
-func (t *keyTable) makeRoom(release func(*entry)) {
+func (t *keyTable) makeRoom(evicted []*entry) []*entry {
 	t.evictMu.Lock()
 	defer t.evictMu.Unlock()
 	if t.n.Load() <= t.max {
-		return
+		return evicted
 	}
 	target := max(t.max-t.max/64-1, 0)
 	t.entries.each(func(e *entry) bool {
@@ -121,18 +123,171 @@ func (t *keyTable) makeRoom(release func(*entry)) {
 			return true
 		}
 		if t.evict(e) {
-			release(e)
+			evicted = append(evicted, e)
 		}
 		return t.n.Load() > target
 	})
+	return evicted
 }
 
-// clear forgets every entry (Close), passing each to release.
-func (t *keyTable) clear(release func(*entry)) {
+// clear forgets every entry (Close) and returns them.
+func (t *keyTable) clear() (all []*entry) {
 	t.entries.each(func(e *entry) bool {
-		release(e)
+		all = append(all, e)
 		t.entries.compareAndDelete(e)
 		return true
 	})
 	t.n.Store(0)
+	return all
+}
+
+// entryMap is the key table's map from key to entry: lookups are a hash
+// and a few atomic loads (no lock, no allocation), inserts and deletes
+// take a mutex. It is an open-addressing table of entry pointers with
+// linear probing, replaced whole (copy-on-grow) when it fills, so a
+// tracked key costs about two pointers of table instead of sync.Map's
+// ~110 bytes of nodes and boxed keys (BenchmarkEntryMap, TestBytesPerTrackedKey).
+//
+// A reader holding a table that a writer has since replaced may miss a
+// key inserted after the copy: the caller's slow path then takes the
+// mutex (LoadOrStore) and finds it. It never sees a deleted entry as live
+// for longer than a sync.Map reader would: entries are closed when
+// evicted, which is what decisions check.
+type entryMap struct {
+	mu  sync.Mutex // serializes writers
+	cur atomic.Pointer[entryTable]
+}
+
+type entryTable struct {
+	seed  maphash.Seed
+	mask  uint64
+	slots []atomic.Pointer[entry]
+	live  int // under entryMap.mu, like used
+	used  int // live entries plus tombstones
+}
+
+// tombstone marks a deleted slot: probes go on past it.
+var tombstone = &entry{}
+
+const minTableSize = 64
+
+func newEntryTable(size int) *entryTable {
+	return &entryTable{seed: maphash.MakeSeed(), mask: uint64(size - 1), slots: make([]atomic.Pointer[entry], size)}
+}
+
+func (t *entryTable) find(key string) *entry {
+	for i := maphash.String(t.seed, key) & t.mask; ; i = (i + 1) & t.mask {
+		e := t.slots[i].Load()
+		if e == nil {
+			return nil
+		}
+		if e != tombstone && e.key == key {
+			return e
+		}
+	}
+}
+
+// load returns key's entry, or nil.
+func (m *entryMap) load(key string) *entry {
+	t := m.cur.Load()
+	if t == nil {
+		return nil
+	}
+	return t.find(key)
+}
+
+// loadOrStore returns the entry for e.key, storing e if there was none.
+func (m *entryMap) loadOrStore(e *entry) (actual *entry, loaded bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := m.cur.Load()
+	if t == nil {
+		t = newEntryTable(minTableSize)
+		m.cur.Store(t)
+	}
+	if x := t.find(e.key); x != nil {
+		return x, true
+	}
+	// Grow (or clean out tombstones) past 70% use: probes stay short.
+	if (t.used+1)*10 > len(t.slots)*7 {
+		t = m.rebuildLocked(t, t.live+1)
+	}
+	i := maphash.String(t.seed, e.key) & t.mask
+	for {
+		x := t.slots[i].Load()
+		if x == nil {
+			t.used++
+			break
+		}
+		if x == tombstone {
+			break // reuse: find proved the key is not further on
+		}
+		i = (i + 1) & t.mask
+	}
+	t.slots[i].Store(e)
+	t.live++
+	return e, false
+}
+
+// compareAndDelete deletes e if it is still the entry for its key.
+func (m *entryMap) compareAndDelete(e *entry) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := m.cur.Load()
+	if t == nil {
+		return false
+	}
+	for i := maphash.String(t.seed, e.key) & t.mask; ; i = (i + 1) & t.mask {
+		x := t.slots[i].Load()
+		switch {
+		case x == nil:
+			return false
+		case x == e:
+			t.slots[i].Store(tombstone)
+			t.live--
+			if len(t.slots) > minTableSize && t.live*8 < len(t.slots) {
+				m.rebuildLocked(t, t.live) // shrink once mostly empty
+			}
+			return true
+		}
+	}
+}
+
+// rebuildLocked replaces t by a table sized for live entries at half
+// use or less, copying the live ones; readers of t keep a consistent view.
+func (m *entryMap) rebuildLocked(t *entryTable, live int) *entryTable {
+	size := minTableSize
+	for size < 2*live {
+		size *= 2
+	}
+	n := newEntryTable(size)
+	for i := range t.slots {
+		e := t.slots[i].Load()
+		if e == nil || e == tombstone {
+			continue
+		}
+		j := maphash.String(n.seed, e.key) & n.mask
+		for n.slots[j].Load() != nil {
+			j = (j + 1) & n.mask
+		}
+		n.slots[j].Store(e)
+		n.live++
+		n.used++
+	}
+	m.cur.Store(n)
+	return n
+}
+
+// each calls f on every entry until f returns false. Entries inserted or
+// deleted meanwhile may or may not be seen.
+func (m *entryMap) each(f func(*entry) bool) {
+	t := m.cur.Load()
+	if t == nil {
+		return
+	}
+	for i := range t.slots {
+		if e := t.slots[i].Load(); e != nil && e != tombstone && !f(e) {
+			return
+		}
+	}
 }

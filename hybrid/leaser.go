@@ -27,15 +27,13 @@ type leaser struct {
 	policy *policyTracker
 	bg     *background
 	stats  *counters
-	// giveBack settles tokens the leaser holds but cannot deposit.
-	giveBack func(items ...reconcile.Item)
-	// flush sends what giveBack queued now rather than at the next sweep.
-	flush func()
-	// held reports that decisions stay on the degraded share after an
-	// outage (outage.held): no refills then.
-	held func() bool
-	// fleet is N, the processes sharing the policy (outage.size).
-	fleet   func() int
+	// settle takes the tokens the leaser holds but cannot deposit.
+	settle *settlement
+	// outage says whether decisions stay on the degraded share after an
+	// outage (no refills then), and the fleet size a contended key's
+	// share is taken from.
+	outage  *outage
+	pace    pacer              // future-dated grants, released at the bucket's pace
 	flights singleflight.Group // keyed by user key only
 	offset  clock.Offset
 	lastOK  atomicMono // the last successful store reply
@@ -84,7 +82,7 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int6
 // reservations still hold more than the low-water mark. It runs about once
 // per batch, not per request.
 func (ls *leaser) refillAsync(e *entry) {
-	if e.reserved() > int64(e.lowWater.Load()) || e.refilling.Load() || ls.held() || !e.refilling.CompareAndSwap(false, true) {
+	if e.reserved() > int64(e.lowWater.Load()) || e.refilling.Load() || ls.outage.held(ls.cfg.now()) || !e.refilling.CompareAndSwap(false, true) {
 		return
 	}
 	if ls.bg.after(0, func() {
@@ -193,7 +191,7 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 		want = share
 		e.setLowWater(share / 4)
 	}
-	if level := e.level.Load(); p.hold > 0 && level >= 0 && level < p.tier(e).maxLease {
+	if level := e.answer.level.Load(); p.hold > 0 && level >= 0 && level < p.tier(e).maxLease {
 		// A sliding window near full: tokens a lease would hold idle
 		// are the ones other processes wait for. Take only what this
 		// decision needs.
@@ -226,16 +224,16 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 // process's next grant. 0 when the key is not contended, reservations are
 // off, or the store is not known healthy.
 func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
-	if ls.cfg.maxDelay <= 0 || p.shaped || ls.store.State() != gobreaker.StateClosed || ls.held() {
+	if ls.cfg.maxDelay <= 0 || p.shaped || ls.store.State() != gobreaker.StateClosed || ls.outage.held(ls.cfg.now()) {
 		// A probe of a store that was down gets a plain lease: a long
 		// grant would fall due while the recovery hold still decides by
 		// the degraded share, and be spent on top of it.
 		return 0
 	}
-	if level := e.level.Load(); e.reserved() == 0 && (level < 0 || level >= p.tier(e).maxLease) {
+	if level := e.answer.level.Load(); e.reserved() == 0 && (level < 0 || level >= p.tier(e).maxLease) {
 		return 0
 	}
-	n := int64(max(ls.fleet(), 1))
+	n := int64(max(ls.outage.size(), 1))
 	return p.tier(e).limits[0].TokensIn(ls.cfg.maxDelay/2) / n
 }
 
@@ -253,33 +251,31 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need int64,
 	}
 	// A bucket found missing while it should have existed (half its TTL
 	// margin of slack for clock drift) was removed by someone else.
-	if res.Created && e.level.Load() >= 0 && now < e.resetAt.Load().add(remote.TTLMargin/2) {
+	if res.Created && e.answer.seen() && now < e.answer.resetAt.Load().add(remote.TTLMargin/2) {
 		ls.bucketLost(e)
 	}
-	e.resetAt.Store(now.add(res.ResetAfter))
-	e.level.Store(res.Remaining)
+	e.answer.record(res.Remaining, res.ResetAfter, now)
 	if res.Binding != 0 || e.rare.Load() != nil {
 		e.extra().binding.Store(int32(res.Binding))
 	}
 	switch {
 	case res.Granted > 0 && res.Delay <= 0 && p.hold > 0:
 		ls.stats.leaseGrants.Add(1)
-		e.emptyUntil.Store(0)
+		e.answer.forget()
 		ls.depositHeld(e, p, res.Granted, res.Now, start.add(p.life))
 		return fetchOutcome{deposited: true, at: now}
 	case res.Granted > 0 && res.Delay <= 0:
 		ls.stats.leaseGrants.Add(1)
-		e.emptyUntil.Store(0)
+		e.answer.forget()
 		ls.deposit(e, res.Granted, now)
 		return fetchOutcome{deposited: true, at: now}
 	case res.Granted > 0:
 		ls.stats.leaseGrants.Add(1)
-		e.emptyUntil.Store(0)
-		ls.reserve(e, res.Granted, res.Delay, now)
+		e.answer.forget()
+		ls.pace.reserve(e, p.tier(e).limits[0], res.Granted, res.Delay, now)
 		return fetchOutcome{retry: res.Delay, at: now}
 	default:
-		e.setEmptyFor(max(need, 1))
-		e.emptyUntil.Store(now.add(res.RetryAfter))
+		e.answer.refuse(max(need, 1), now.add(res.RetryAfter))
 		if p.hold > 0 {
 			// Returns reach the window at each sweep of the fleet.
 			e.extra().recheckAt.Store(now.add(ls.cfg.sweepInterval))
@@ -308,7 +304,12 @@ func (ls *leaser) deposit(e *entry, n int64, now mono) {
 		e.inflow.Add(n)
 		return
 	}
-	ls.giveBack(ls.returnItem(ls.policy.load(), e, n))
+	ls.giveBack(e, n)
+}
+
+// giveBack settles n of e's tokens that can no longer be spent.
+func (ls *leaser) giveBack(e *entry, n int64) {
+	ls.settle.later(ls.returnItem(ls.policy.load(), e, n))
 }
 
 // depositHeld puts tokens of a sliding window, granted at store time
@@ -332,7 +333,7 @@ func (ls *leaser) depositHeld(e *entry, p *policyState, n int64, granted time.Ti
 		old.Stop()
 	}
 	if !ok {
-		ls.giveBack(ls.returnItem(p, e, n))
+		ls.settle.later(ls.returnItem(p, e, n))
 		return
 	}
 	e.inflow.Add(n)
@@ -341,8 +342,7 @@ func (ls *leaser) depositHeld(e *entry, p *policyState, n int64, granted time.Ti
 		if items := ls.drainExpired(ls.policy.load(), e, ls.cfg.now()); len(items) > 0 {
 			// Unspent tokens count in the window until they are back:
 			// send them now, not at the next sweep.
-			ls.giveBack(items...)
-			ls.flush()
+			ls.settle.soon(items...)
 		}
 	})
 	if t == nil {
@@ -379,36 +379,10 @@ func (ls *leaser) release(p *policyState, e *entry) []reconcile.Item {
 		e.inflow.Add(-n)
 		out = append(out, ls.returnItem(p, e, n))
 	}
-	if n := ls.cancelReservations(e); n > 0 {
+	if n := ls.pace.cancel(e); n > 0 {
 		out = append(out, ls.returnItem(p, e, n))
 	}
 	return out
-}
-
-// cancelReservations cancels e's reservations and returns how many tokens
-// they had not released.
-func (ls *leaser) cancelReservations(e *entry) int64 {
-	r := e.rare.Load()
-	if r == nil {
-		return 0
-	}
-	e.mu.Lock()
-	rs := r.pending
-	r.pending = nil
-	e.setPendingLocked()
-	timers := make([]clock.Timer, len(rs))
-	for i, x := range rs {
-		timers[i] = x.timer // read under e.mu: a firing callback re-arms it
-	}
-	e.mu.Unlock()
-	var n int64
-	for i, x := range rs {
-		n += x.n - x.delivered
-		if timers[i].Stop() {
-			ls.bg.exit() // no callback will run; a running one finds r gone and exits
-		}
-	}
-	return n
 }
 
 // drainExpired takes back e's lease if it expired at or before now.

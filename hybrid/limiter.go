@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/leasehold/leasehold/breaker"
@@ -26,23 +25,23 @@ import (
 // New, and Close when done to give leased tokens back and stop its
 // background work. Most callers only need Allow.
 //
-// Limiter is a thin front over one type per concern: keyTable (keys.go),
-// leaser (leaser.go), outage (outage.go), modeTracker (mode.go),
-// policyTracker (policies.go), background (background.go) and the
-// settlement queue (reconcile.Queue, flushed by settle.go).
+// Limiter is a thin front over one type per concern, each with its own
+// fields and file: keyTable (keys.go), leaser (leaser.go) with its pacer
+// (pacing.go), outage (outage.go), settlement (settlement.go),
+// modeTracker (mode.go), policyTracker (policies.go) and background
+// (background.go). The front decides (decide.go) and orchestrates what
+// spans concerns: sweeps, policy changes, Close.
 type Limiter struct {
-	cfg     config
-	store   *breaker.Store
-	policy  *policyTracker
-	keys    keyTable
-	leaser  leaser
-	outage  *outage
-	modes   *modeTracker
-	bg      *background
-	queue   reconcile.Queue // returns and debits waiting for the store
-	settler reconcile.Settler
-	stats   counters
-	closing atomic.Bool
+	cfg    config
+	store  *breaker.Store
+	policy *policyTracker
+	keys   keyTable
+	leaser leaser
+	outage *outage
+	settle settlement
+	modes  *modeTracker
+	bg     *background
+	stats  counters
 }
 
 // New returns a Limiter enforcing p on store. A store that is not already
@@ -70,13 +69,13 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	l := &Limiter{cfg: cfg, store: bs, bg: newBackground(cfg.clk), keys: keyTable{max: int64(cfg.maxKeys)}, stats: newCounters()}
 	l.cfg.epoch = cfg.clk.Now()
 	rng := newRand(cfg)
-	l.settler = reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.bg.after, Jitter: rng.duration}
-	l.policy = newPolicyTracker(&l.cfg, bs, p)
-	l.policy.adopted = l.adopted
+	l.policy = newPolicyTracker(&l.cfg, bs, p, l)
 	l.outage = newOutage(&l.cfg, &l.stats, bs, fmt.Sprintf("%016x", rng.uint64()))
-	l.modes = newModeTracker(bs)
-	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, giveBack: l.settleLater, flush: l.flushQueued,
-		held: func() bool { return l.outage.held(l.cfg.now()) }, fleet: l.outage.size}
+	l.modes = newModeTracker(&l.cfg, &l.stats, l.policy, bs)
+	l.settle = settlement{cfg: &l.cfg, store: bs, bg: l.bg, keys: &l.keys, outage: l.outage, policy: l.policy, modes: l.modes, stats: &l.stats,
+		settler: reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.bg.after, Jitter: rng.duration}}
+	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, settle: &l.settle, outage: l.outage}
+	l.leaser.pace = pacer{cfg: &l.cfg, bg: l.bg, stats: &l.stats, into: &l.leaser}
 	l.start()
 	return l, nil
 }
@@ -161,7 +160,7 @@ func (l *Limiter) SetPolicy(ctx context.Context, p Policy) error {
 	if err := validatePolicy(p); err != nil {
 		return err
 	}
-	if l.closing.Load() {
+	if l.keys.closed.Load() {
 		return ErrClosed
 	}
 	return l.policy.set(ctx, p)
@@ -178,14 +177,14 @@ func (l *Limiter) adopted(prev, next *policyState) {
 		if retier {
 			// Tier indices moved: every key finds its tier again.
 			if l.keys.evict(e) {
-				l.releaseUnder(prev, e)
+				l.release(prev, e)
 			}
 			return
 		}
-		e.emptyUntil.Store(0)
-		l.settleLater(l.leaser.cut(next, e, next.tier(e).maxLease)...)
+		e.answer.forget()
+		l.settle.later(l.leaser.cut(next, e, next.tier(e).maxLease)...)
 	})
-	l.bg.after(0, l.flushQueued)
+	l.bg.after(0, l.settle.flush)
 }
 
 // pollPolicy reads the policy record (every policy poll interval, and on
@@ -244,19 +243,63 @@ func (l *Limiter) holdBeat() {
 // (bounded by ctx). Close is idempotent; later calls return nil. After
 // Close, AllowN returns ErrClosed and Allow returns false.
 func (l *Limiter) Close(ctx context.Context) error {
-	if !l.closing.CompareAndSwap(false, true) {
+	if !l.keys.closed.CompareAndSwap(false, true) {
 		return nil
 	}
 	l.bg.close()
 	l.policy.stopWatch()
-	l.queue.Requeue(l.modes.cancelSettlement())
-	l.keys.each(l.releaseEntry)
+	l.settle.queue.Requeue(l.modes.cancelSettlement())
+	p := l.policy.load()
+	l.keys.each(func(e *entry) { l.release(p, e) })
 	l.bg.wait()
 	// Refills that finished after the first pass may have deposited.
-	l.keys.clear(l.releaseEntry)
-	err := l.sendNow(ctx, l.queue.Take())
+	l.releaseAll(l.keys.clear())
+	err := l.settle.sendNow(ctx)
 	if l.modes.fromBreaker() == ModeHealthy {
 		l.outage.leave(ctx, l.policy.load().Name)
 	}
 	return err
+}
+
+// release settles what e holds under p: its lease, its reservations and
+// its outage debt (eviction, policy change, Close).
+func (l *Limiter) release(p *policyState, e *entry) {
+	items := l.leaser.release(p, e)
+	if d := e.takeDebt(); d > 0 {
+		items = append(items, debitItem(l.cfg.prefix, p, e, d))
+	}
+	l.settle.later(items...)
+}
+
+// releaseAll releases evicted entries under the policy in force.
+func (l *Limiter) releaseAll(evicted []*entry) {
+	if len(evicted) == 0 {
+		return
+	}
+	p := l.policy.load()
+	for _, e := range evicted {
+		l.release(p, e)
+	}
+}
+
+// sweep gives back expired leases, forgets idle keys, notices breaker
+// changes and flushes the queue; it runs every sweep interval on the
+// limiter's clock.
+func (l *Limiter) sweep() {
+	l.checkMode()
+	now := l.cfg.now()
+	// Decisions the store was too slow for, made while the breaker stayed
+	// closed, are charged as a recovery would charge them, once the store
+	// answers again (charged earlier, in an outage not yet detected, their
+	// unpaid part would be counted twice).
+	settleDebt := l.modes.mode() == ModeHealthy && now.sub(l.leaser.lastOK.Load()) < l.cfg.sweepInterval
+	p := l.policy.load()
+	l.keys.each(func(e *entry) {
+		l.settle.later(l.leaser.drainExpired(p, e, now)...)
+		if settleDebt && e.debt() != 0 {
+			l.settle.later(l.outage.charges(e, p, now)...)
+		}
+	})
+	l.releaseAll(l.keys.sweepIdle(now))
+	l.settle.flush()
 }

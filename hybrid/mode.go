@@ -1,6 +1,8 @@
 package hybrid
 
 import (
+	"context"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 
@@ -20,6 +22,9 @@ func (t transition) changed() bool { return t.from != t.to }
 // settlement runs. Transitions are serialized by mu; Mode reads are
 // atomic.
 type modeTracker struct {
+	cfg        *config
+	stats      *counters
+	policy     *policyTracker // names the policy in the log
 	store      *breaker.Store
 	reported   atomic.Int32 // Mode last reported
 	recovering atomic.Bool
@@ -30,8 +35,18 @@ type modeTracker struct {
 	}
 }
 
-func newModeTracker(store *breaker.Store) *modeTracker {
-	m := &modeTracker{store: store}
+// recoverer starts the settlement of an outage (the limiter's
+// settlement).
+type recoverer interface {
+	// owed reports whether the outage left accounts open.
+	owed() bool
+	// start starts the settlement without blocking and returns what
+	// cancels it.
+	start() (cancel func() []reconcile.Item)
+}
+
+func newModeTracker(cfg *config, stats *counters, policy *policyTracker, store *breaker.Store) *modeTracker {
+	m := &modeTracker{cfg: cfg, stats: stats, policy: policy, store: store}
 	m.reported.Store(int32(m.fromBreaker()))
 	return m
 }
@@ -53,9 +68,9 @@ func (m *modeTracker) mode() Mode {
 }
 
 // check compares the breaker with the mode last reported. When the store
-// is back after an outage and owed reports open accounts, it calls settle
-// (which must not block) to start the settlement and enters Recovering.
-func (m *modeTracker) check(owed func() bool, settle func() (cancel func() []reconcile.Item)) transition {
+// is back after an outage that left accounts open, it starts r's
+// settlement and enters Recovering.
+func (m *modeTracker) check(r recoverer) transition {
 	now, prev := m.fromBreaker(), Mode(m.reported.Load())
 	if now == prev || (prev == ModeRecovering && now == ModeHealthy) {
 		return transition{prev, prev} // the settlement reports the end of recovery
@@ -66,9 +81,9 @@ func (m *modeTracker) check(owed func() bool, settle func() (cancel func() []rec
 	if prev == ModeRecovering && now == ModeHealthy {
 		return transition{prev, prev}
 	}
-	if now == ModeHealthy && prev == ModeDegraded && m.mu.settling == nil && owed() {
+	if now == ModeHealthy && prev == ModeDegraded && m.mu.settling == nil && r.owed() {
 		m.recovering.Store(true)
-		m.mu.settling = settle()
+		m.mu.settling = r.start()
 		return m.setLocked(ModeRecovering)
 	}
 	return m.setLocked(now)
@@ -97,4 +112,37 @@ func (m *modeTracker) cancelSettlement() []reconcile.Item {
 
 func (m *modeTracker) setLocked(to Mode) transition {
 	return transition{Mode(m.reported.Swap(int32(to))), to}
+}
+
+// report counts and logs t, a transition check or settled returned; call
+// it with no lock held (the slog handler is user code).
+func (m *modeTracker) report(t transition) {
+	if !t.changed() {
+		return
+	}
+	m.stats.modeChanges.Add(1)
+	m.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "leasehold: mode change",
+		slog.String("policy", m.policy.load().Name), slog.String("from", t.from.String()), slog.String("to", t.to.String()))
+}
+
+// checkMode notices breaker state changes (on the slow path and at every
+// sweep) and starts a recovery when the store is back and the outage left
+// accounts open. Mode changes are logged after every lock is released.
+func (l *Limiter) checkMode() {
+	t := l.modes.check(&l.settle)
+	switch {
+	case !t.changed():
+	case t.to == ModeDegraded:
+		l.outage.began()
+		// Reserved tokens fall due during the outage, which the degraded
+		// share already covers: spending them, or giving them back once
+		// the store answers (after the outage's debt is charged), would
+		// count those tokens twice. They are dropped.
+		l.keys.each(func(e *entry) { l.stats.tokensDropped.Add(l.leaser.pace.cancel(e)) })
+	case t.from == ModeDegraded:
+		if l.outage.ended(l.cfg.now()) {
+			l.bg.after(0, l.holdBeat)
+		}
+	}
+	l.modes.report(t)
 }

@@ -12,6 +12,10 @@ import (
 // passed where store time is wanted, or the reverse, does not compile.
 type mono int64
 
+// now is the process clock in nanoseconds since the limiter was created:
+// monotonic with the real clock, and read once per decision.
+func (c *config) now() mono { return mono(c.clk.Now().Sub(c.epoch)) }
+
 // add returns t moved by d.
 func (t mono) add(d time.Duration) mono { return t + mono(d) }
 

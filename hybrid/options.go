@@ -44,10 +44,6 @@ type config struct {
 	epoch         time.Time // process clock origin of every mono value; set by New
 }
 
-// now is the process clock in nanoseconds since the limiter was created:
-// monotonic with the real clock, and read once per decision.
-func (c *config) now() mono { return mono(c.clk.Now().Sub(c.epoch)) }
-
 func buildConfig(opts []Option) (config, error) {
 	c := config{
 		prefix:       remote.DefaultPrefix,

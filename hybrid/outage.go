@@ -4,11 +4,13 @@ import (
 	"context"
 	"math"
 	"math/bits"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/leasehold/leasehold/breaker"
 	"github.com/leasehold/leasehold/local"
+	"github.com/leasehold/leasehold/reconcile"
 	"github.com/leasehold/leasehold/remote"
 )
 
@@ -62,6 +64,20 @@ func (o *outage) held(now mono) bool {
 	return true
 }
 
+// degradedKey is the outage's state for one key: the degraded-mode GCRA
+// and what its admissions still owe the store. It has its own lock.
+type degradedKey struct {
+	debt atomic.Int64 // tokens admitted by the outage mode, not yet charged
+	mu   sync.Mutex
+	// Under mu.
+	bucket *local.Bucket
+	share  local.Limit // the limit bucket was built for
+	// charged is the share deficit the last settlement charged, at
+	// chargedAt; see unpaid.
+	charged   int64
+	chargedAt mono
+}
+
 func newOutage(cfg *config, stats *counters, store *breaker.Store, id string) *outage {
 	o := &outage{cfg: cfg, stats: stats, id: id}
 	if _, ok := store.Unwrap().(remote.Fleet); ok && cfg.fleetSize == 0 {
@@ -76,7 +92,7 @@ func (o *outage) decide(e *entry, p *policyState, n int64, now mono) Decision {
 	switch o.cfg.outage {
 	case OutageFailOpen:
 		o.stats.admitted[SourceFailOpen].Add(1)
-		e.extra().debt.Add(n)
+		e.extra().down.debt.Add(n)
 		return Decision{Allowed: true, Limit: t.limits[0], Source: SourceFailOpen}
 	case OutageFailClosed:
 		o.stats.rejected[SourceFailClosed].Add(1)
@@ -97,7 +113,7 @@ func (o *outage) decide(e *entry, p *policyState, n int64, now mono) Decision {
 		return Decision{Limit: b.Limit(), Remaining: r.Remaining, RetryAfter: wait, ResetAfter: r.ResetAfter, Source: SourceDegraded}
 	}
 	o.stats.admitted[SourceDegraded].Add(1)
-	e.extra().debt.Add(n)
+	e.extra().down.debt.Add(n)
 	return Decision{Allowed: true, Limit: b.Limit(), Remaining: r.Remaining, ResetAfter: r.ResetAfter, Source: SourceDegraded}
 }
 
@@ -111,23 +127,23 @@ func (o *outage) degradedBucket(e *entry, t *tierState, now mono) *local.Bucket 
 	if !ok {
 		return nil
 	}
-	x := e.extra()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if x.degraded == nil || x.share != share {
+	x := &e.extra().down
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.bucket == nil || x.share != share {
 		b, err := local.NewBucket(share)
 		if err != nil {
 			return nil // shareOf validated it; kept for safety, refusing
 		}
-		if e.level.Load() >= 0 {
+		if e.answer.seen() {
 			// The key was in use when the store went away: its global
 			// bucket was likely drawn down, so the share starts empty and
 			// refills at its rate instead of granting a fresh burst.
 			b.Empty(int64(now))
 		}
-		x.degraded, x.share = b, share
+		x.bucket, x.share = b, share
 	}
-	return x.degraded
+	return x.bucket
 }
 
 // shareOf is one process's part of lim among n: Burst/N (at least 1) and
@@ -237,10 +253,10 @@ func (o *outage) unpaid(e *entry, p *policyState, admitted int64, now mono) int6
 		// only cost a little room), up to one window's worth.
 		return min(admitted, p.tier(e).est.Burst)
 	}
-	x := e.extra()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	b := x.degraded
+	x := &e.extra().down
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	b := x.bucket
 	if b == nil {
 		return min(admitted, p.tier(e).est.Burst)
 	}
@@ -248,10 +264,29 @@ func (o *outage) unpaid(e *entry, p *policyState, admitted int64, now mono) int6
 	// charged, until the share's refill has covered it: charge only the
 	// rest, or a second settlement soon after the first counts it twice.
 	lim := b.Limit()
-	covered := lim.TokensIn(time.Duration(now - x.chargedAt))
+	covered := lim.TokensIn(now.sub(x.chargedAt))
 	outstanding := max(x.charged-covered, 0)
 	used := lim.Burst - b.Tokens(int64(now))
 	d := max(min(admitted, used-outstanding), 0)
 	x.charged, x.chargedAt = outstanding+d, now
 	return d
+}
+
+// charges takes e's outage debt and returns the debit of its unpaid part
+// under p.
+func (o *outage) charges(e *entry, p *policyState, now mono) []reconcile.Item {
+	if d := o.unpaid(e, p, e.takeDebt(), now); d > 0 {
+		return []reconcile.Item{debitItem(o.cfg.prefix, p, e, d)}
+	}
+	return nil
+}
+
+// refund puts n tokens of a debit the store did not take back into e's
+// outage debt, and out of what the share counts as charged.
+func (o *outage) refund(e *entry, n int64) {
+	x := &e.extra().down
+	x.mu.Lock()
+	x.charged = max(x.charged-n, 0)
+	x.mu.Unlock()
+	x.debt.Add(n)
 }

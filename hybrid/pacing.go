@@ -1,6 +1,9 @@
 package hybrid
 
 import (
+	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leasehold/leasehold/clock"
@@ -17,10 +20,10 @@ import (
 // granted a long horizon per store call (see request).
 type reservation struct {
 	n         int64       // tokens granted
-	delivered int64       // tokens deposited so far; under entry.mu
+	delivered int64       // tokens deposited so far; under reservations.mu
 	end       mono        // when the last token becomes spendable
 	step      int64       // ns per token, rounded down
-	timer     clock.Timer // the next release; under entry.mu
+	timer     clock.Timer // the next release; under reservations.mu
 }
 
 // releaseLag keeps each release strictly after the store's µs-rounded
@@ -66,40 +69,103 @@ func tokenStep(lim Limit) int64 {
 	return int64(lim.Period) / max(lim.Rate, 1)
 }
 
-// reserve holds a future-dated grant of n tokens, whole at now+delay, and
-// releases it into e's lease at the bucket's pace. Until a release the key
-// rejects locally with the exact wait for it.
-func (ls *leaser) reserve(e *entry, n int64, delay time.Duration, now mono) {
-	if !ls.bg.enter() {
-		ls.giveBack(ls.returnItem(ls.policy.load(), e, n))
-		return
-	}
-	ls.stats.tokensReserved.Add(n)
-	r := &reservation{n: n, end: now.add(delay), step: tokenStep(ls.policy.load().tier(e).limits[0])}
-	x := e.extra()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	x.pending = append(x.pending, r)
-	e.setPendingLocked()
-	// Scheduled under e.mu: the callback takes e.mu, so it cannot run
-	// before r.timer is set (the delay is > 0, so it never runs inline).
-	ls.armLocked(e, r, now)
+// reservations are a key's future-dated grants not yet all released.
+// They have their own lock; decisions and refills read, lock-free, when
+// the next release is due and how many tokens are still held back.
+type reservations struct {
+	mu   sync.Mutex
+	list []*reservation // under mu
+	next atomicMono     // when the next release is due; 0: none pending
+	held atomic.Int64   // tokens granted and not yet released
 }
 
-// armLocked schedules r's next release; e.mu is held.
-func (ls *leaser) armLocked(e *entry, r *reservation, now mono) {
-	r.timer = ls.cfg.clk.AfterFunc(time.Duration(max(r.nextRelease()-now, 1)), func() { ls.releaseDue(e, r) })
+// addLocked adds r; mu is held.
+func (rs *reservations) addLocked(r *reservation) {
+	rs.list = append(rs.list, r)
+	rs.publishLocked()
+}
+
+// hasLocked reports whether r is still pending (not cancelled); mu is
+// held.
+func (rs *reservations) hasLocked(r *reservation) bool {
+	return slices.Contains(rs.list, r)
+}
+
+// removeLocked drops r; mu is held.
+func (rs *reservations) removeLocked(r *reservation) {
+	if i := slices.Index(rs.list, r); i >= 0 {
+		rs.list = slices.Delete(rs.list, i, i+1)
+	}
+}
+
+// publishLocked publishes, for lock-free readers, when the pending
+// reservations next release tokens and how many they still hold; mu is
+// held.
+func (rs *reservations) publishLocked() {
+	var next mono
+	var n int64
+	for _, r := range rs.list {
+		if at := r.at(r.delivered + 1); next == 0 || at < next {
+			next = at
+		}
+		n += r.n - r.delivered
+	}
+	rs.next.Store(next)
+	rs.held.Store(n)
+}
+
+// depositor puts tokens into a key's lease, or gives them back to the
+// store when they can no longer be spent (the leaser).
+type depositor interface {
+	deposit(e *entry, n int64, now mono)
+	giveBack(e *entry, n int64)
+}
+
+// pacer releases future-dated grants into leases at the bucket's pace,
+// one timer per reservation on the limiter's clock. Each pending
+// reservation holds one unit of the background's work, so Close waits
+// for its timer or cancels it.
+type pacer struct {
+	cfg   *config
+	bg    *background
+	stats *counters
+	into  depositor
+}
+
+// reserve holds a future-dated grant of n tokens of e under lim, whole at
+// now+delay, and releases it into e's lease at lim's pace. Until a release
+// the key rejects locally with the exact wait for it.
+func (pc *pacer) reserve(e *entry, lim Limit, n int64, delay time.Duration, now mono) {
+	if !pc.bg.enter() {
+		pc.into.giveBack(e, n)
+		return
+	}
+	pc.stats.tokensReserved.Add(n)
+	r := &reservation{n: n, end: now.add(delay), step: tokenStep(lim)}
+	rs := &e.extra().pace
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.addLocked(r)
+	// Scheduled under rs.mu: the callback takes rs.mu, so it cannot run
+	// before r.timer is set (the delay is > 0, so it never runs inline).
+	pc.armLocked(e, r, now)
+}
+
+// armLocked schedules r's next release; the reservations' mu is held.
+func (pc *pacer) armLocked(e *entry, r *reservation, now mono) {
+	r.timer = pc.cfg.clk.AfterFunc(max(r.nextRelease().sub(now), 1), func() { pc.releaseDue(e, r) })
 }
 
 // releaseDue deposits r's tokens that are due and schedules the next
 // release, or, once r is delivered or was cancelled (Close, eviction,
 // policy change), ends the reservation's background work.
-func (ls *leaser) releaseDue(e *entry, r *reservation) {
-	now := ls.cfg.now()
-	e.mu.Lock()
-	if !e.hasPendingLocked(r) {
-		e.mu.Unlock()
-		ls.bg.exit() // cancelled: release returns what was not delivered
+func (pc *pacer) releaseDue(e *entry, r *reservation) {
+	now := pc.cfg.now()
+	rs := &e.extra().pace
+	rs.mu.Lock()
+	if !rs.hasLocked(r) {
+		rs.mu.Unlock()
+		pc.bg.exit() // cancelled: cancel returned what was not delivered
 		return
 	}
 	due := r.dueBy(now)
@@ -107,53 +173,43 @@ func (ls *leaser) releaseDue(e *entry, r *reservation) {
 	r.delivered = due
 	done := due >= r.n
 	if done {
-		e.removePendingLocked(r)
+		rs.removeLocked(r)
 	} else {
-		ls.armLocked(e, r, now)
+		pc.armLocked(e, r, now)
 	}
-	e.setPendingLocked()
-	e.mu.Unlock()
+	rs.publishLocked()
+	rs.mu.Unlock()
 	if n > 0 {
-		ls.deposit(e, n, now)
+		pc.into.deposit(e, n, now)
 	}
 	if done {
-		ls.bg.exit()
+		pc.bg.exit()
 	}
 }
 
-func (e *entry) hasPendingLocked(r *reservation) bool {
-	for _, x := range e.extra().pending {
-		if x == r {
-			return true
-		}
+// cancel cancels e's reservations and returns how many tokens they had
+// not released.
+func (pc *pacer) cancel(e *entry) int64 {
+	r := e.rare.Load()
+	if r == nil {
+		return 0
 	}
-	return false
-}
-
-// removePendingLocked drops r from the pending list.
-func (e *entry) removePendingLocked(r *reservation) {
-	x := e.extra()
-	for i, p := range x.pending {
-		if p == r {
-			x.pending = append(x.pending[:i], x.pending[i+1:]...)
-			return
-		}
+	rs := &r.pace
+	rs.mu.Lock()
+	list := rs.list
+	rs.list = nil
+	rs.publishLocked()
+	timers := make([]clock.Timer, len(list))
+	for i, x := range list {
+		timers[i] = x.timer // read under mu: a firing callback re-arms it
 	}
-}
-
-// setPendingLocked publishes, for lock-free readers (decisions, refills,
-// Stats), when the pending reservations next release tokens and how many
-// they still hold.
-func (e *entry) setPendingLocked() {
-	x := e.extra()
-	var next mono
+	rs.mu.Unlock()
 	var n int64
-	for _, r := range x.pending {
-		if at := r.at(r.delivered + 1); next == 0 || at < next {
-			next = at
+	for i, x := range list {
+		n += x.n - x.delivered
+		if timers[i].Stop() {
+			pc.bg.exit() // no callback will run; a running one finds r gone and exits
 		}
-		n += r.n - r.delivered
 	}
-	x.pendingUntil.Store(next)
-	x.reserved.Store(n)
+	return n
 }

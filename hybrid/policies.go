@@ -190,14 +190,19 @@ type policyTracker struct {
 	// corruptLogged is set once an unreadable record has been logged.
 	corruptLogged atomic.Bool
 	flights       singleflight.Group
-	// adopted is called after each switch to a newer policy (never under
-	// a lock of the tracker).
-	adopted func(prev, next *policyState)
-	unwatch func() // stops pushes; set once by watch
+	// follower follows each switch to a newer policy (called under no
+	// lock of the tracker).
+	follower policyFollower
+	unwatch  func() // stops pushes; set once by watch
 }
 
-func newPolicyTracker(cfg *config, store *breaker.Store, p Policy) *policyTracker {
-	t := &policyTracker{cfg: cfg, store: store}
+// policyFollower is told of every switch to a newer policy.
+type policyFollower interface {
+	adopted(prev, next *policyState)
+}
+
+func newPolicyTracker(cfg *config, store *breaker.Store, p Policy, f policyFollower) *policyTracker {
+	t := &policyTracker{cfg: cfg, store: store, follower: f}
 	if _, ok := store.Unwrap().(remote.Policies); ok {
 		t.records = store // through the breaker
 	} else {
@@ -250,8 +255,8 @@ func (t *policyTracker) adopt(p Policy) bool {
 	}
 	t.cfg.logger.LogAttrs(context.Background(), slog.LevelInfo, "leasehold: policy change", slog.String("policy", p.Name),
 		slog.Uint64("version", p.Version), slog.String("limit", p.Limit.String()))
-	if t.adopted != nil {
-		t.adopted(prev, next)
+	if t.follower != nil {
+		t.follower.adopted(prev, next)
 	}
 	return true
 }

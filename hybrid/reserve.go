@@ -49,8 +49,7 @@ func (r *Reservation) Cancel() {
 		return
 	}
 	if !r.l.cfg.clk.Now().After(r.at) {
-		r.l.settleLater(r.l.reservationReturn(r.l.policy.load(), r.key, r.tier, r.n, r.grantedAt))
-		r.l.bg.after(0, r.l.flushQueued)
+		r.l.settle.soon(r.l.reservationReturn(r.l.policy.load(), r.key, r.tier, r.n, r.grantedAt))
 	}
 }
 
@@ -69,11 +68,9 @@ func (l *Limiter) ReserveN(ctx context.Context, key string, n int64) (*Reservati
 		return nil, err
 	}
 	r := &Reservation{l: l, key: key, tier: tier, n: n, at: l.cfg.clk.Now()}
-	if e := l.keys.load(key); e != nil && e.tier == tier {
-		if ok, _ := l.leaser.spend(e, n); ok {
-			r.ok = true
-			return r, nil
-		}
+	if _, ok, _ := l.leased(key, n); ok {
+		r.ok = true
+		return r, nil
 	}
 	res, err := l.reserveFromStore(ctx, p, key, tier, n)
 	if err != nil {
@@ -88,7 +85,7 @@ func (l *Limiter) ReserveN(ctx context.Context, key string, n int64) (*Reservati
 	}
 	if res.Granted < n {
 		if res.Granted > 0 { // cannot happen with Min = n; give back all the same
-			l.settleLater(l.reservationReturn(p, key, tier, res.Granted, res.Now))
+			l.settle.later(l.reservationReturn(p, key, tier, res.Granted, res.Now))
 		}
 		return r, nil
 	}

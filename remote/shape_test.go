@@ -9,25 +9,54 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/local"
 	"github.com/redis/go-redis/v9"
 )
 
-// TestShapeTwinsAgree drives shapeLua (on miniredis, whose TIME follows a
-// manual clock) and its Go twin applyShape (MemoryStore on the same clock)
-// through the same random sequences: sliding windows and token buckets,
-// one to three limits, leases with holds, returns with and without since,
-// debits, policy changes and time steps from a microsecond to past a
-// period. Every reply must be the same.
+// TestShapeTwinsAgree drives shapeLua and its Go twin applyShape
+// (MemoryStore on a manual clock) through the same random sequences:
+// sliding windows and token buckets, one to three limits, leases with
+// holds, returns with and without since, debits and policy changes. Every
+// reply must be the same. On miniredis, whose TIME follows the manual
+// clock, time also steps from a microsecond to past a period; on a real
+// redis-server (its own Lua, cjson and TIME) time is the server's, and the
+// twin's clock is moved to the TIME each reply names before the twin runs.
 func TestShapeTwinsAgree(t *testing.T) {
-	mr := miniredis.RunT(t)
-	start := time.Unix(1_700_000_000, 123_456_000)
-	clk := clock.NewManual(start)
-	mr.SetTime(start)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = c.Close() })
+	t.Run("miniredis", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		start := time.Unix(1_700_000_000, 123_456_000)
+		clk := clock.NewManual(start)
+		mr.SetTime(start)
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		t.Cleanup(func() { _ = c.Close() })
+		sequences := 150
+		if testing.Short() {
+			sequences = 30
+		}
+		shapeTwinSequences(t, c, clk, sequences, func(_ time.Time) {}, func(r *rand.Rand) {
+			steps := []time.Duration{time.Microsecond, 7 * time.Millisecond, 333 * time.Millisecond, 2 * time.Second, 61 * time.Second}
+			d := steps[r.IntN(len(steps))]
+			clk.Advance(d)
+			mr.SetTime(clk.Now())
+			mr.FastForward(d)
+		})
+	})
+	t.Run("redis", func(t *testing.T) {
+		c := redistest.Standalone(t).Client(t)
+		clk := clock.NewManual(time.Unix(0, 0))
+		shapeTwinSequences(t, c, clk, 40, func(now time.Time) { clk.AdvanceTo(now) }, func(*rand.Rand) {})
+	})
+}
+
+// shapeTwinSequences runs seqs random sequences on the script (through c)
+// and on a MemoryStore on clk. at is told the store time of each script
+// reply before the twin runs; step moves time between operations.
+func shapeTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual, seqs int, at func(time.Time), step func(*rand.Rand)) {
+	t.Helper()
 	lua, mem := NewRedis(c), NewMemory(clk)
 	ctx := context.Background()
+	run := fmt.Sprint(time.Now().UnixNano()) // a real server outlives a run
 	r := rand.New(rand.NewPCG(13, 13))
 	randLimit := func(window bool) local.Limit {
 		periods := []time.Duration{time.Second, 10 * time.Second, time.Minute, 1500 * time.Millisecond}
@@ -38,20 +67,16 @@ func TestShapeTwinsAgree(t *testing.T) {
 		}
 		return l
 	}
-	sequences := 150
-	if testing.Short() {
-		sequences = 30
-	}
-	for seq := range sequences {
+	for seq := range seqs {
 		window := r.IntN(2) == 0
 		limits := make([]local.Limit, 1+r.IntN(3))
 		for i := range limits {
 			limits[i] = randLimit(window)
 		}
 		version := uint64(1)
-		key := fmt.Sprintf("seq-%d", seq)
+		key := fmt.Sprintf("seq-%s-%d", run, seq)
 		var lastNow time.Time
-		for step := range 40 {
+		for i := range 40 {
 			if r.IntN(12) == 0 { // a policy change: new limits, maybe another algorithm
 				version++
 				window = r.IntN(3) > 0 == window
@@ -84,28 +109,32 @@ func TestShapeTwinsAgree(t *testing.T) {
 			switch op {
 			case OpLease:
 				got, gerr = lua.Lease(ctx, req)
-				want, werr = mem.Lease(ctx, req)
 			case OpReturn:
 				got, gerr = lua.Return(ctx, req)
-				want, werr = mem.Return(ctx, req)
 			case OpDebit:
 				got, gerr = lua.Debit(ctx, req)
+			}
+			if gerr == nil {
+				at(got.Now)
+			}
+			switch op {
+			case OpLease:
+				want, werr = mem.Lease(ctx, req)
+			case OpReturn:
+				want, werr = mem.Return(ctx, req)
+			case OpDebit:
 				want, werr = mem.Debit(ctx, req)
 			}
 			if gerr != nil || werr != nil {
-				t.Fatalf("seq %d step %d %v %+v: lua error %v, Go error %v", seq, step, op, req, gerr, werr)
+				t.Fatalf("seq %d step %d %v %+v: lua error %v, Go error %v", seq, i, op, req, gerr, werr)
 			}
 			if got != want {
-				t.Fatalf("seq %d step %d %v %+v:\n lua %+v\n  Go %+v", seq, step, op, req, got, want)
+				t.Fatalf("seq %d step %d %v %+v:\n lua %+v\n  Go %+v", seq, i, op, req, got, want)
 			}
 			if op == OpLease {
 				lastNow = got.Now
 			}
-			steps := []time.Duration{time.Microsecond, 7 * time.Millisecond, 333 * time.Millisecond, 2 * time.Second, 61 * time.Second}
-			d := steps[r.IntN(len(steps))]
-			clk.Advance(d)
-			mr.SetTime(clk.Now())
-			mr.FastForward(d)
+			step(r)
 		}
 	}
 }
