@@ -23,8 +23,14 @@ const maxStoreRounds = 3
 // on a key with leased tokens it reads no clock and allocates nothing.
 // Invalid keys are rejected (AllowN says why).
 func (l *Limiter) Allow(ctx context.Context, key string) bool {
-	if _, ok, _ := l.leased(key, 1); ok {
-		return true
+	// leased, inlined by hand: the call costs BenchmarkAllow about 10%.
+	if e := l.keys.entries.load(key); e != nil && (l.cfg.tierOf == nil || l.inTier(e, key)) {
+		if ok, low, _ := e.spend(1); ok {
+			if low {
+				l.leaser.refillAsync(e)
+			}
+			return true
+		}
 	}
 	d, _ := l.allowSlow(ctx, key, 1)
 	return d.Allowed

@@ -175,7 +175,11 @@ func newEntryTable(size int) *entryTable {
 	return &entryTable{seed: maphash.MakeSeed(), mask: uint64(size - 1), slots: make([]atomic.Pointer[entry], size)}
 }
 
+// find returns key's entry in t, or nil; t may be nil (no table yet).
 func (t *entryTable) find(key string) *entry {
+	if t == nil {
+		return nil
+	}
 	for i := maphash.String(t.seed, key) & t.mask; ; i = (i + 1) & t.mask {
 		e := t.slots[i].Load()
 		if e == nil {
@@ -187,14 +191,9 @@ func (t *entryTable) find(key string) *entry {
 	}
 }
 
-// load returns key's entry, or nil.
-func (m *entryMap) load(key string) *entry {
-	t := m.cur.Load()
-	if t == nil {
-		return nil
-	}
-	return t.find(key)
-}
+// load returns key's entry, or nil. Small enough to inline into the hot
+// path's lookup.
+func (m *entryMap) load(key string) *entry { return m.cur.Load().find(key) }
 
 // loadOrStore returns the entry for e.key, storing e if there was none.
 func (m *entryMap) loadOrStore(e *entry) (actual *entry, loaded bool) {
