@@ -14,10 +14,17 @@ TESTED = internal/faulttest sim contrib/prommetrics contrib/otelmetrics contrib/
 
 .PHONY: test redis lint bench sim fuzz soak
 
+# Every module's tests run even when one fails; the summary names what
+# failed and the target fails if anything did.
 test: redis lint
-	$(GO) test -race -count=1 -timeout 12m ./...
-	# Fault injection through toxiproxy, the simulator, the metrics adapters.
-	for m in $(TESTED); do (cd $$m && $(GO) test -race -count=1 -timeout 5m ./...) || exit 1; done
+	@failed=""; \
+	$(GO) test -race -count=1 -timeout 12m ./... || failed="$$failed ."; \
+	for m in $(TESTED); do \
+		echo "# $$m"; \
+		(cd $$m && $(GO) test -race -count=1 -timeout 5m ./...) || failed="$$failed $$m"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED in modules:$$failed"; exit 1; fi; \
+	echo "make test: every module passed"
 
 lint:
 	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
