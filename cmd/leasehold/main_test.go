@@ -38,8 +38,13 @@ func TestCommands(t *testing.T) {
 			addr := strings.Join(addrsOf(c), ",")
 			flags := append([]string{"-addr", addr}, tc.flags...)
 			name := "cli-" + tc.name + time.Now().Format("150405.000000")
+			// A store timeout far above any round trip on a loaded machine:
+			// the three decisions must reach the bucket, not the degraded
+			// share a slow call falls back to (this tests the CLI, not
+			// slowness).
 			lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: name, Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 10}},
-				hybrid.WithLogger(slog.New(slog.DiscardHandler)), hybrid.WithHeartbeat(50*time.Millisecond, time.Second))
+				hybrid.WithLogger(slog.New(slog.DiscardHandler)), hybrid.WithHeartbeat(50*time.Millisecond, time.Second),
+				hybrid.WithStoreTimeout(10*time.Second))
 			if err != nil {
 				t.Fatal(err)
 			}
