@@ -40,6 +40,7 @@ type config struct {
 	policyPoll    time.Duration
 	seed          uint64
 	seeded        bool
+	precedence    PolicyPrecedence
 	recoveryHold  time.Duration
 	epoch         time.Time // process clock origin of every mono value; set by New
 }
@@ -210,4 +211,29 @@ func WithSeed(seed uint64) Option {
 // the hold off. It needs heartbeats (no WithFleetSize). The default is 5 s.
 func WithRecoveryHold(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.recoveryHold = d })
+}
+
+// PolicyPrecedence says which policy wins when the one New is given
+// differs from the record in force in the store (set by SetPolicy, the
+// CLI, or another process started with other limits).
+type PolicyPrecedence int
+
+const (
+	// PolicyFromStore adopts the store's record: every process of the
+	// fleet converges on it, and the policy given to New is only the
+	// first one's. A difference is logged at WARN, naming both.
+	PolicyFromStore PolicyPrecedence = iota
+	// PolicyFromCode publishes the policy given to New as the next
+	// version of the record (the record's version + 1), so a deploy with
+	// new limits in code changes the fleet's limit. A difference is logged
+	// at WARN, naming both. Two deploys with different limits started
+	// together then take turns: use it where one codebase owns the limit.
+	PolicyFromCode
+)
+
+// WithPolicyPrecedence chooses who wins when the policy given to New
+// differs from the record in force in the store (its limits, algorithm or
+// tiers; the version is not compared). The default is PolicyFromStore.
+func WithPolicyPrecedence(p PolicyPrecedence) Option {
+	return optionFunc(func(c *config) { c.precedence = p })
 }

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -194,6 +195,10 @@ type policyTracker struct {
 	// lock of the tracker).
 	follower policyFollower
 	unwatch  func() // stops pushes; set once by watch
+	// code is the policy New was given; compared once with the record
+	// (compared marks it done).
+	code     Policy
+	compared atomic.Bool
 }
 
 // policyFollower is told of every switch to a newer policy.
@@ -202,7 +207,8 @@ type policyFollower interface {
 }
 
 func newPolicyTracker(cfg *config, store *breaker.Store, p Policy, f policyFollower) *policyTracker {
-	t := &policyTracker{cfg: cfg, store: store, follower: f}
+	t := &policyTracker{cfg: cfg, store: store, follower: f, code: p}
+	t.code.Version = max(p.Version, 1)
 	if _, ok := store.Unwrap().(remote.Policies); ok {
 		t.records = store // through the breaker
 	} else {
@@ -282,8 +288,61 @@ func (t *policyTracker) refresh(ctx context.Context) error {
 			return err
 		}
 	}
+	if rec, err = t.compareWithCode(ctx, rec); err != nil {
+		return err
+	}
 	t.adopt(policyFrom(cur.Name, rec))
 	return nil
+}
+
+// compareWithCode, on the first record read, compares the record with the
+// policy New was given and settles a difference by the precedence option:
+// it returns the record to adopt.
+func (t *policyTracker) compareWithCode(ctx context.Context, rec remote.PolicyRecord) (remote.PolicyRecord, error) {
+	if t.compared.Load() {
+		return rec, nil
+	}
+	stored, code := policyFrom(t.code.Name, rec), t.code
+	code.Version = stored.Version
+	if stored.Equal(code) {
+		t.compared.Store(true)
+		return rec, nil
+	}
+	if t.cfg.precedence == PolicyFromCode {
+		code.Version = stored.Version + 1
+		next, _, err := t.records.SetPolicy(ctx, t.cfg.prefix, code.Name, newPolicyState(code, t.cfg).record())
+		if err != nil {
+			return rec, err
+		}
+		t.compared.Store(true)
+		t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
+			"leasehold: the policy in code differs from the store's record; publishing the code's as a new version (WithPolicyPrecedence)",
+			slog.String("policy", code.Name), slog.String("code", describePolicy(t.code)), slog.String("store", describePolicy(stored)),
+			slog.Uint64("version", next.Version))
+		return next, nil
+	}
+	t.compared.Store(true)
+	t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
+		"leasehold: the policy in code differs from the store's record; the record wins (WithPolicyPrecedence)",
+		slog.String("policy", code.Name), slog.String("code", describePolicy(t.code)), slog.String("store", describePolicy(stored)))
+	return rec, nil
+}
+
+// describePolicy is p's limits for a log line: version, algorithm, limits
+// and tiers.
+func describePolicy(p Policy) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "v%d %s", p.Version, p.Limit)
+	for _, l := range p.Also {
+		fmt.Fprintf(&b, " + %s", l)
+	}
+	if p.Algorithm == SlidingWindow {
+		b.WriteString(" sliding window")
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.Tiers)) {
+		fmt.Fprintf(&b, "; tier %s %s", name, p.Tiers[name].Limit)
+	}
+	return b.String()
 }
 
 // syncOnce makes sure the limiter has compared its policy with the

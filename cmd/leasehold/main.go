@@ -7,6 +7,7 @@
 //	leasehold [-addr host:port[,host:port...]] [-cluster] [-prefix p] bucket POLICY KEY
 //	leasehold [flags] policy show POLICY
 //	leasehold [flags] policy set POLICY -version V -rate R -period D -burst B
+//	leasehold [flags] policy delete POLICY
 //	leasehold [flags] fleet POLICY
 //
 // It exits 0 on success, 1 when the store refuses (a stale version, an
@@ -80,10 +81,29 @@ func command(ctx context.Context, s *remote.RedisStore, prefix string, args []st
 		return showPolicy(ctx, s, prefix, args[2], out)
 	case len(args) >= 3 && args[0] == "policy" && args[1] == "set":
 		return setPolicy(ctx, s, prefix, args[2], args[3:], out)
+	case len(args) == 3 && args[0] == "policy" && args[1] == "delete":
+		return deletePolicy(ctx, s, prefix, args[2], out)
 	case len(args) == 2 && args[0] == "fleet":
 		return fleet(ctx, s, prefix, args[1], out)
 	}
-	return fmt.Errorf("%w: want bucket POLICY KEY, policy show POLICY, policy set POLICY ..., or fleet POLICY", errUsage)
+	return fmt.Errorf("%w: want bucket POLICY KEY, policy show POLICY, policy set POLICY ..., policy delete POLICY, or fleet POLICY", errUsage)
+}
+
+// deletePolicy removes a policy record, so that the next limiter started
+// publishes the policy in its code (see remote.RedisStore.DeletePolicy).
+func deletePolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, out io.Writer) error {
+	rec, ok, err := s.GetPolicy(ctx, prefix, name)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("policy %q: no record at %s", name, keys.Policy(prefix, name))
+	}
+	if _, err := s.DeletePolicy(ctx, prefix, name); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "policy %s deleted (was version %d: %v); publish a new one with a version above %d\n", name, rec.Version, rec.Limit, rec.Version)
+	return nil
 }
 
 func bucket(ctx context.Context, s *remote.RedisStore, prefix, policy, key string, out io.Writer) error {

@@ -126,3 +126,81 @@ func TestErrors(t *testing.T) {
 		t.Fatalf("bad usage: %d %s", code, errOut)
 	}
 }
+
+// TestPolicyInCodeVersusStore follows the README: the CLI sets policy
+// "api" to 500/s (version 3), then a service starts a limiter with 5/s in
+// code. By default the record wins and a WARN names both; with
+// PolicyFromCode the code's policy is published as version 4; after
+// `policy delete` a new limiter publishes its own without a warning.
+func TestPolicyInCodeVersusStore(t *testing.T) {
+	c := redistest.Standalone(t).Client(t)
+	addr := strings.Join(addrsOf(c), ",")
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		opts        []hybrid.Option
+		wantLimit   hybrid.Limit
+		wantVersion uint64
+		wantWarn    string
+	}{
+		{"default: the record wins", nil, hybrid.PerSecond(500), 3, "the record wins"},
+		{"PolicyFromCode", []hybrid.Option{hybrid.WithPolicyPrecedence(hybrid.PolicyFromCode)}, hybrid.PerSecond(5), 4, "publishing the code's"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prefix := "readme" + time.Now().Format("150405.000000") + ":"
+			flags := []string{"-addr", addr, "-prefix", prefix}
+			if code, out, errOut := cli(append(flags, "policy", "set", "api", "-version", "3", "-rate", "500", "-period", "1s")...); code != 0 {
+				t.Fatalf("policy set: %d %s%s", code, out, errOut)
+			}
+			var logs strings.Builder
+			lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: "api", Limit: hybrid.PerSecond(5)},
+				append(tc.opts, hybrid.WithPrefix(prefix), hybrid.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+					hybrid.WithStoreTimeout(10*time.Second))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.Close(ctx)
+			lim.Allow(ctx, "customer-1") // the first lease reads the record first
+			if got := lim.Policy(); got.Limit != tc.wantLimit || got.Version != tc.wantVersion {
+				t.Fatalf("Policy() = %v v%d, want %v v%d", got.Limit, got.Version, tc.wantLimit, tc.wantVersion)
+			}
+			line := ""
+			for _, l := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(l, "level=WARN") && strings.Contains(l, "differs from the store's record") {
+					line = l
+				}
+			}
+			if !strings.Contains(line, tc.wantWarn) || !strings.Contains(line, "code=\"v1 5/1s burst 5\"") ||
+				!strings.Contains(line, "store=\"v3 500/1s burst 500\"") {
+				t.Fatalf("no WARN naming both policies; log:\n%s", logs.String())
+			}
+			if code, out, _ := cli(append(flags, "policy", "show", "api")...); code != 0 || !strings.Contains(out, "version "+string(rune('0'+tc.wantVersion))) {
+				t.Fatalf("policy show after New: %d %s", code, out)
+			}
+		})
+	}
+	t.Run("delete", func(t *testing.T) {
+		prefix := "readme-del" + time.Now().Format("150405.000000") + ":"
+		flags := []string{"-addr", addr, "-prefix", prefix}
+		if code, out, errOut := cli(append(flags, "policy", "set", "api", "-version", "3", "-rate", "500")...); code != 0 {
+			t.Fatalf("policy set: %d %s%s", code, out, errOut)
+		}
+		if code, out, errOut := cli(append(flags, "policy", "delete", "api")...); code != 0 || !strings.Contains(out, "deleted (was version 3") {
+			t.Fatalf("policy delete: %d %s%s", code, out, errOut)
+		}
+		if code, _, errOut := cli(append(flags, "policy", "delete", "api")...); code != 1 || !strings.Contains(errOut, "no record") {
+			t.Fatalf("second delete: %d %s", code, errOut)
+		}
+		var logs strings.Builder
+		lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: "api", Limit: hybrid.PerSecond(5), Version: 4},
+			hybrid.WithPrefix(prefix), hybrid.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), hybrid.WithStoreTimeout(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lim.Close(ctx)
+		lim.Allow(ctx, "customer-1")
+		if got := lim.Policy(); got.Limit != hybrid.PerSecond(5) || strings.Contains(logs.String(), "differs") {
+			t.Fatalf("after delete: Policy() = %v, log:\n%s", got.Limit, logs.String())
+		}
+	})
+}
