@@ -5,6 +5,7 @@ import (
 	"errors"
 	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
+	"log/slog"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/hooks"
@@ -251,7 +252,14 @@ func (l *Limiter) reject(e *entry, p *policyState, src Source, wait time.Duratio
 
 func (l *Limiter) checkRequest(p *policyState, t *tierState, key string, n int64) error {
 	if err := keys.Validate(l.cfg.prefix, p.Name, key); err != nil {
-		return errs.Errorf("hybrid", "%w", err)
+		err = errs.Errorf("hybrid", "%w", err)
+		if l.keys.invalidLogged.CompareAndSwap(false, true) {
+			// Allow answers false without an error to look at: say so
+			// once, or a missing customer id is a silent 429.
+			l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "leasehold: invalid key refused (logged once per limiter)",
+				slog.String("policy", p.Name), slog.String("error", err.Error()))
+		}
+		return err
 	}
 	if n <= 0 {
 		return errs.Errorf("hybrid", "allow %d on %.64q: %w", n, key, ErrInvalidN)

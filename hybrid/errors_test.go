@@ -3,6 +3,7 @@ package hybrid_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -108,5 +109,31 @@ func TestErrorMessagesHaveOnePrefix(t *testing.T) {
 		if n, leading := prefixes(err.Error()); n != 1 || !leading {
 			t.Errorf("%s: %q has %d package prefixes (leading: %v), want one in front", tc.name, err, n, leading)
 		}
+	}
+}
+
+// TestInvalidKeyLoggedOnce: Allow on an empty key answers false with no
+// error to look at, so the limiter says why at WARN, once.
+func TestInvalidKeyLoggedOnce(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	var logs strings.Builder
+	l, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: "api", Limit: hybrid.PerSecond(5)},
+		hybrid.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	for range 3 {
+		if l.Allow(context.Background(), "") {
+			t.Fatal(`Allow("") = true, want false`)
+		}
+	}
+	if _, err := l.AllowN(context.Background(), "", 1); !errors.Is(err, hybrid.ErrInvalidKey) {
+		t.Fatalf(`AllowN("") error = %v, want ErrInvalidKey`, err)
+	}
+	if got := strings.Count(logs.String(), "invalid key refused"); got != 1 {
+		t.Fatalf("invalid key logged %d times, want 1:\n%s", got, logs.String())
 	}
 }

@@ -19,7 +19,9 @@ type keyTable struct {
 	entries entryMap
 	n       atomic.Int64
 	closed  atomic.Bool // no more entries (Close)
-	evictMu sync.Mutex  // serializes makeRoom
+	// invalidLogged is set once an invalid key has been logged.
+	invalidLogged atomic.Bool
+	evictMu       sync.Mutex // serializes makeRoom
 
 	evictions     atomic.Int64
 	evictedAdmits atomic.Int64 // lease admissions of evicted entries, for Stats
