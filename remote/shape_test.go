@@ -104,27 +104,20 @@ func shapeTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 			if op == OpReturn && r.IntN(4) > 0 {
 				req.Since = lastNow
 			}
-			var got, want Result
-			var gerr, werr error
-			switch op {
-			case OpLease:
-				got, gerr = lua.Lease(ctx, req)
-			case OpReturn:
-				got, gerr = lua.Return(ctx, req)
-			case OpDebit:
-				got, gerr = lua.Debit(ctx, req)
+			call := func(s Store) (Result, error) {
+				switch op {
+				case OpReturn:
+					return s.Return(ctx, req)
+				case OpDebit:
+					return s.Debit(ctx, req)
+				}
+				return s.Lease(ctx, req)
 			}
+			got, gerr := call(lua)
 			if gerr == nil {
-				at(got.Now)
+				at(got.Now) // the twin runs at the script's TIME
 			}
-			switch op {
-			case OpLease:
-				want, werr = mem.Lease(ctx, req)
-			case OpReturn:
-				want, werr = mem.Return(ctx, req)
-			case OpDebit:
-				want, werr = mem.Debit(ctx, req)
-			}
+			want, werr := call(mem)
 			if gerr != nil || werr != nil {
 				t.Fatalf("seq %d step %d %v %+v: lua error %v, Go error %v", seq, i, op, req, gerr, werr)
 			}
