@@ -287,27 +287,6 @@ func (s *RedisStore) GetPolicy(ctx context.Context, prefix, name string) (Policy
 	return rec, err == nil, err
 }
 
-// DeletePolicy removes the policy record of name and reports whether
-// there was one. It is for a record no limiter runs under (a test, a
-// policy set by hand): a running limiter of the policy publishes the
-// version it holds again at its next poll, and one started afterwards
-// publishes the policy in its code. Buckets keep the version they were
-// last written under until they expire (about time-to-full): publish the
-// next policy with a version above the deleted one, or limiters started
-// meanwhile are told by the buckets of a newer version they find no
-// record of.
-func (s *RedisStore) DeletePolicy(ctx context.Context, prefix, name string) (bool, error) {
-	if err := keys.ValidateNames(prefix, name); err != nil {
-		return false, err
-	}
-	key := keys.Policy(prefix, name)
-	n, err := s.c.Del(ctx, key).Result()
-	if err != nil {
-		return false, classify(key, err)
-	}
-	return n > 0, nil
-}
-
 // WatchPolicy implements Policies with Redis pub/sub on the policy key's
 // name (Cluster broadcasts it to every node).
 func (s *RedisStore) WatchPolicy(ctx context.Context, prefix, name string, changed func()) (func(), error) {

@@ -90,7 +90,13 @@ func command(ctx context.Context, s *remote.RedisStore, prefix string, args []st
 }
 
 // deletePolicy removes a policy record, so that the next limiter started
-// publishes the policy in its code (see remote.RedisStore.DeletePolicy).
+// publishes the policy in its code. It is for a record no limiter runs
+// under (a test, a policy set by hand): a running limiter of the policy
+// publishes the version it holds again at its next poll. Buckets keep the
+// version they were last written under until they expire (about
+// time-to-full): publish the next policy with a version above the deleted
+// one, or limiters started meanwhile are told by the buckets of a newer
+// version they find no record of.
 func deletePolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, out io.Writer) error {
 	rec, ok, err := s.GetPolicy(ctx, prefix, name)
 	if err != nil {
@@ -99,8 +105,8 @@ func deletePolicy(ctx context.Context, s *remote.RedisStore, prefix, name string
 	if !ok {
 		return fmt.Errorf("policy %q: no record at %s", name, keys.Policy(prefix, name))
 	}
-	if _, err := s.DeletePolicy(ctx, prefix, name); err != nil {
-		return err
+	if err := s.Client().Del(ctx, keys.Policy(prefix, name)).Err(); err != nil {
+		return fmt.Errorf("policy %q: %w: %v", name, remote.ErrUnavailable, err)
 	}
 	fmt.Fprintf(out, "policy %s deleted (was version %d: %v); publish a new one with a version above %d\n", name, rec.Version, rec.Limit, rec.Version)
 	return nil
