@@ -48,6 +48,6 @@ func ExampleMiddleware() {
 	// Output:
 	// 200 RateLimit: "api";r=1;t=1 Retry-After: ""
 	// 200 RateLimit: "api";r=0;t=1 Retry-After: ""
-	// 429 RateLimit: "api";r=0;t=2 Retry-After: "1"
+	// 429 RateLimit: "api";r=0;t=1 Retry-After: "1"
 	// RateLimit-Policy: "api";q=2;w=1
 }

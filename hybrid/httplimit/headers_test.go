@@ -59,9 +59,9 @@ func TestDraftHeaders(t *testing.T) {
 		{http.MethodGet, 200, `"api \"v2\"";q=10;w=4`, `"api \"v2\"";r=9;t=1`, ""},
 		{http.MethodPost, 200, `"api \"v2\"";q=10;w=4`, `"api \"v2\"";r=5;t=2`, ""},
 		{http.MethodPost, 200, `"api \"v2\"";q=10;w=4`, `"api \"v2\"";r=1;t=4`, ""},
-		{http.MethodPost, 429, `"api \"v2\"";q=10;w=4`, `"api \"v2\"";r=1;t=4`, "2"}, // 3 tokens short: 1.2 s, rounded up
+		{http.MethodPost, 429, `"api \"v2\"";q=10;w=4`, `"api \"v2\"";r=1;t=2`, "2"}, // 3 tokens short: 1.2 s, rounded up
 		{http.MethodGet, 200, `"api \"v2\"";q=10;w=4`, `"api \"v2\"";r=0;t=4`, ""},
-		{http.MethodGet, 429, `"api \"v2\"";q=10;w=4`, `"api \"v2\"";r=0;t=4`, "1"}, // 400 ms, rounded up
+		{http.MethodGet, 429, `"api \"v2\"";q=10;w=4`, `"api \"v2\"";r=0;t=1`, "1"}, // 400 ms, rounded up
 	}
 	for i, s := range steps {
 		w := serve(h, req(s.method))

@@ -76,9 +76,7 @@ func Middleware(lim *hybrid.Limiter, key KeyFunc, opts ...Option) func(http.Hand
 			}
 			setHeaders(w.Header(), lim.Policy().Name, d, cfg.legacy)
 			if !d.Allowed {
-				// Whole seconds rounded up, never 0: a client told 0 would
-				// ask again at once and be refused again.
-				w.Header().Set("Retry-After", seconds(max(d.RetryAfter, time.Second)))
+				w.Header().Set("Retry-After", retryAfter(d))
 				cfg.deny.ServeHTTP(w, r)
 				return
 			}
@@ -109,18 +107,32 @@ func tooMany(w http.ResponseWriter, _ *http.Request) {
 	http.Error(w, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
 }
 
+// retryAfter is a refusal's Retry-After: whole seconds rounded up, never
+// 0 (a client told 0 would ask again at once and be refused again).
+func retryAfter(d hybrid.Decision) string { return seconds(max(d.RetryAfter, time.Second)) }
+
 // setHeaders writes the draft-11 fields: RateLimit-Policy names the policy
 // with its quota (q, Burst) and the window (w, seconds an empty bucket
-// takes to fill, rounded up); RateLimit gives what is left (r) and the
-// seconds until the bucket is full again (t, rounded up).
+// takes to fill, rounded up); RateLimit gives what is left (r) and, on an
+// admission, the seconds until the bucket is full again (t, rounded up);
+// on a refusal t is the Retry-After, the wait for the request's own cost.
+//
+// r is Decision.Remaining, an estimate of what the whole fleet may still
+// admit: it can rise between two requests of one client as the bucket
+// refills, as other processes give leased tokens back, or when a store
+// reply replaces an older level; it never exceeds q.
 func setHeaders(h http.Header, policy string, d hybrid.Decision, legacy bool) {
 	name := sfString(policy)
+	t := seconds(d.ResetAfter)
+	if !d.Allowed {
+		t = retryAfter(d)
+	}
 	h.Set("RateLimit-Policy", fmt.Sprintf("%s;q=%d;w=%s", name, d.Limit.Burst, seconds(d.Limit.DurationFor(d.Limit.Burst))))
-	h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%s", name, d.Remaining, seconds(d.ResetAfter)))
+	h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%s", name, d.Remaining, t))
 	if legacy {
 		h.Set("RateLimit-Limit", strconv.FormatInt(d.Limit.Burst, 10))
 		h.Set("RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
-		h.Set("RateLimit-Reset", seconds(d.ResetAfter))
+		h.Set("RateLimit-Reset", t)
 	}
 }
 
