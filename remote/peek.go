@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -62,7 +63,7 @@ func (s *RedisStore) Peek(ctx context.Context, prefix, policy, key string) (Buck
 	}
 	st.refill(micros(sec*1_000_000 + usec))
 	b := Bucket{Exists: true, Level: st.level, Version: st.version, TTL: time.Duration(max(pttl, 0)) * time.Millisecond,
-		Limit:      local.Limit{Rate: st.rate, Period: time.Duration(st.per) * time.Microsecond, Burst: st.burst},
+		Limit:      readable(st.rate, st.per, st.burst),
 		ResetAfter: time.Duration(st.waitFor(st.level, st.burst)) * time.Microsecond}
 	if st.level < st.burst {
 		b.NextToken = time.Duration(st.waitFor(st.level, st.level+1)) * time.Microsecond
@@ -113,4 +114,17 @@ func (s *RedisStore) Members(ctx context.Context, prefix, policy string) (map[st
 		out[m] = now.Sub(time.UnixMilli(int64(z.Score)))
 	}
 	return out, nil
+}
+
+// readable is the limit of rate tokens per per µs as a policy would name
+// it: per the shortest of a second, a minute, an hour or a day that is at
+// least per and holds a whole number of tokens (a bucket keeps its limit
+// in lowest terms: 5/1s is stored as 1 per 200 ms); as stored otherwise.
+func readable(rate, per, burst int64) local.Limit {
+	for _, p := range []time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour} {
+		if us := p.Microseconds(); us >= per && us%per == 0 && rate <= math.MaxInt64/(us/per) {
+			return local.Limit{Rate: rate * (us / per), Period: p, Burst: burst}
+		}
+	}
+	return local.Limit{Rate: rate, Period: time.Duration(per) * time.Microsecond, Burst: burst}
 }

@@ -2,12 +2,16 @@
 // middleware, loads it with a built-in client, and shows what happens on a
 // status page: admitted and rejected requests per second, the limiter's
 // mode and its fleet. It runs anywhere: Redis is an embedded miniredis
-// unless -redis names a real one.
+// unless -redis (or $LEASEHOLD_REDIS_URL) names a real one, as a
+// host:port or a URL like the leasehold command's (redis://, rediss://
+// with TLS, user:password@ for AUTH, master_name= for Sentinel,
+// cluster=true for Cluster).
 //
 // Usage:
 //
 //	go run ./cmd/leasehold-demo                  # http://localhost:8080
 //	go run ./cmd/leasehold-demo -redis 127.0.0.1:6379 -rate 100 -load 300
+//	go run ./cmd/leasehold-demo -redis rediss://user:pass@redis.example:6380
 //	go run ./cmd/leasehold-demo -outage 20s      # a 5 s store outage every 20 s
 //
 // The page's button (or POST /outage) cuts the store off and reconnects
@@ -25,11 +29,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/hybrid/httplimit"
+	"github.com/leasehold/leasehold/internal/redisurl"
 	"github.com/leasehold/leasehold/internal/testkit/storetest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/redis/go-redis/v9"
@@ -56,7 +62,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fl := flag.NewFlagSet("leasehold-demo", flag.ContinueOnError)
 	fl.SetOutput(stderr)
 	fl.StringVar(&o.addr, "addr", "localhost:8080", "listen address")
-	fl.StringVar(&o.redis, "redis", "", "Redis address (default: an embedded miniredis)")
+	fl.StringVar(&o.redis, "redis", os.Getenv(redisurl.EnvVar), "Redis host:port or URL (default $"+redisurl.EnvVar+", else an embedded miniredis)")
 	fl.IntVar(&o.rate, "rate", 50, "limit per second per tenant")
 	fl.IntVar(&o.load, "load", 120, "requests per second the built-in client sends, per tenant (3 tenants)")
 	fl.DurationVar(&o.outageEvery, "outage", 0, "cut the store off for 5 s every this long (0: only from the page)")
@@ -117,8 +123,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- stri
 	return ctx.Err()
 }
 
-// connect returns a client of addr, or of an embedded miniredis when addr
-// is empty.
+// connect returns a client of addr (host:port or a URL), or of an
+// embedded miniredis when addr is empty.
 func connect(addr string) (redis.UniversalClient, func(), error) {
 	var mr *miniredis.Miniredis
 	if addr == "" {
@@ -128,7 +134,16 @@ func connect(addr string) (redis.UniversalClient, func(), error) {
 		}
 		addr = mr.Addr()
 	}
-	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	if !strings.Contains(addr, "://") {
+		addr = redisurl.FromAddr(addr)
+	}
+	c, _, err := redisurl.Dial(addr, redisurl.Settings{})
+	if err != nil {
+		if mr != nil {
+			mr.Close()
+		}
+		return nil, nil, err
+	}
 	return c, func() {
 		_ = c.Close()
 		if mr != nil {

@@ -1,17 +1,28 @@
 // Command leasehold is the operator's view of leasehold's Redis state: a
-// key's bucket, a policy's record (show and set, versioned), and a
-// policy's live fleet. It works on a standalone Redis and on Cluster.
+// key's bucket, a policy's record (show, set, delete; versioned), and a
+// policy's live fleet. It works on a standalone Redis, Cluster and
+// Sentinel, with AUTH and TLS, as services connect.
 //
 // Usage:
 //
-//	leasehold [-addr host:port[,host:port...]] [-cluster] [-prefix p] bucket POLICY KEY
-//	leasehold [flags] policy show POLICY
-//	leasehold [flags] policy set POLICY -version V -rate R -period D -burst B
-//	leasehold [flags] policy delete POLICY
-//	leasehold [flags] fleet POLICY
+//	leasehold [-url URL | -addr host:port] [-cluster] [-prefix p] [-timeout d] COMMAND ...
 //
-// It exits 0 on success, 1 when the store refuses (a stale version, an
-// unknown policy, Redis unreachable) and 2 on bad usage.
+//	leasehold bucket POLICY KEY
+//	leasehold policy show POLICY
+//	leasehold policy set POLICY -version V -rate R [-period D] [-burst B]
+//	leasehold policy delete POLICY
+//	leasehold fleet POLICY
+//
+// The URL is go-redis's: redis:// or rediss:// (TLS), user:password@ for
+// AUTH, /db, options as query parameters (dial_timeout=3s, skip_verify=
+// true), more nodes as addr=host:port; master_name=NAME for Sentinel (the
+// URL's hosts are the sentinels), cluster=true (or -cluster) for Cluster.
+// Without -url, $LEASEHOLD_REDIS_URL is used, then -addr. Every command
+// takes -h.
+//
+// It exits 0 on success, 1 when Redis refuses or cannot be reached (a
+// stale version, an unknown policy, a refused connection) and 2 on bad
+// usage (unknown command, bad flags, an invalid limit or name).
 package main
 
 import (
@@ -19,74 +30,201 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/leasehold/leasehold/internal/keys"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/keys"
+	"github.com/leasehold/leasehold/internal/redisurl"
 	"github.com/leasehold/leasehold/local"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/redis/go-redis/v9"
 )
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	// go-redis logs failed dials on its own; the command says what went
+	// wrong in one line.
+	redis.SetLogger(quiet{})
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
 
-// errUsage marks a mistake in the command line (exit 2).
-var errUsage = errors.New("usage")
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+// errUsage marks bad usage: exit 2.
+var errUsage = errors.New("bad usage")
+
+// command is a subcommand: its name, its arguments before any flag, and
+// what it does.
+type command struct {
+	name string
+	args []string
+	does string
+}
+
+var commands = []command{
+	{"bucket", []string{"POLICY", "KEY"}, "a key's bucket: level, limit, version, next token, TTL"},
+	{"policy show", []string{"POLICY"}, "the policy record in force"},
+	{"policy set", []string{"POLICY"}, "a new version (-version V -rate R [-period D] [-burst B]); every limiter follows"},
+	{"policy delete", []string{"POLICY"}, "remove the record (before limiters start with the code's)"},
+	{"fleet", []string{"POLICY"}, "live limiters and their last heartbeat"},
+}
+
+func (c command) usage() string { return c.name + " " + strings.Join(c.args, " ") }
+
+func usage(fl *flag.FlagSet, w io.Writer) func() {
+	return func() {
+		fmt.Fprintln(w, "usage: leasehold [flags] COMMAND ...\n\ncommands:")
+		for _, c := range commands {
+			fmt.Fprintf(w, "  %-22s %s\n", c.usage(), c.does)
+		}
+		fmt.Fprintln(w, "\nflags:")
+		fl.SetOutput(w)
+		fl.PrintDefaults()
+		fmt.Fprintln(w, "\nEvery command takes -h.")
+	}
+}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	fl := flag.NewFlagSet("leasehold", flag.ContinueOnError)
-	fl.SetOutput(stderr)
-	addr := fl.String("addr", "127.0.0.1:6379", "Redis address (comma-separated seed nodes with -cluster)")
-	cluster := fl.Bool("cluster", false, "the address is a Redis Cluster")
+	fl.SetOutput(io.Discard)
+	rawURL := fl.String("url", "", "Redis URL: redis://[user:password@]host:port[/db][?options], rediss:// for TLS, ?master_name=M for Sentinel (default $"+redisurl.EnvVar+", else -addr)")
+	addr := fl.String("addr", "127.0.0.1:6379", "Redis address, when no URL is given (comma-separated seed nodes with -cluster)")
+	cluster := fl.Bool("cluster", false, "Redis Cluster")
 	prefix := fl.String("prefix", remote.DefaultPrefix, "key prefix the limiters use (hybrid.WithPrefix)")
 	timeout := fl.Duration("timeout", 3*time.Second, "how long to wait for Redis")
+	fl.Usage = usage(fl, stderr)
 	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage(fl, stdout)()
+			return 0
+		}
+		fmt.Fprintln(stderr, "leasehold:", err)
+		fl.Usage()
 		return 2
 	}
-	var c redis.UniversalClient
-	if *cluster {
-		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(*addr, ","), ContextTimeoutEnabled: true, MaxRetries: 1})
-	} else {
-		c = redis.NewClient(&redis.Options{Addr: *addr, ContextTimeoutEnabled: true, MaxRetries: 1})
+	rest := fl.Args()
+	if len(rest) == 0 {
+		fmt.Fprintln(stderr, "leasehold: no command")
+		fl.Usage()
+		return 2
+	}
+	cmd, err := parseCommand(rest, stdout)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case err != nil:
+		fmt.Fprintln(stderr, "leasehold:", err)
+		if cmd == nil {
+			fl.Usage()
+		}
+		return 2
+	}
+	u := *rawURL
+	if u == "" {
+		u = os.Getenv(redisurl.EnvVar)
+	}
+	if u == "" {
+		u = redisurl.FromAddr(*addr)
+	}
+	c, _, err := redisurl.Dial(u, redisurl.Settings{Cluster: *cluster, OneShot: true})
+	if err != nil {
+		fmt.Fprintln(stderr, "leasehold:", err)
+		return 2
 	}
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	err := command(ctx, remote.NewRedis(c), *prefix, fl.Args(), stdout)
+	err = cmd(ctx, remote.NewRedis(c), *prefix, stdout)
 	switch {
-	case errors.Is(err, errUsage):
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage), errors.Is(err, remote.ErrInvalidKey), errors.Is(err, remote.ErrInvalidPolicy), errors.Is(err, local.ErrInvalidLimit):
 		fmt.Fprintln(stderr, "leasehold:", err)
-		fl.Usage()
 		return 2
 	case errors.Is(err, remote.ErrUnavailable):
-		fmt.Fprintf(stderr, "leasehold: cannot reach Redis at %s: %v\n", *addr, err)
-		return 1
-	case err != nil:
-		fmt.Fprintln(stderr, "leasehold:", err)
+		fmt.Fprintf(stderr, "leasehold: cannot reach Redis at %s: %v\n", redisurl.Redacted(u), rootCause(err))
 		return 1
 	}
-	return 0
+	fmt.Fprintln(stderr, "leasehold:", err)
+	return 1
 }
 
-func command(ctx context.Context, s *remote.RedisStore, prefix string, args []string, out io.Writer) error {
-	switch {
-	case len(args) == 3 && args[0] == "bucket":
-		return bucket(ctx, s, prefix, args[1], args[2], out)
-	case len(args) == 3 && args[0] == "policy" && args[1] == "show":
-		return showPolicy(ctx, s, prefix, args[2], out)
-	case len(args) >= 3 && args[0] == "policy" && args[1] == "set":
-		return setPolicy(ctx, s, prefix, args[2], args[3:], out)
-	case len(args) == 3 && args[0] == "policy" && args[1] == "delete":
-		return deletePolicy(ctx, s, prefix, args[2], out)
-	case len(args) == 2 && args[0] == "fleet":
-		return fleet(ctx, s, prefix, args[1], out)
+// rootCause is the driver's own words for a failed connection (dial tcp
+// ...: connection refused), without the layers that all say
+// "unavailable"; err itself when there is none.
+func rootCause(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return op
 	}
-	return fmt.Errorf("%w: want bucket POLICY KEY, policy show POLICY, policy set POLICY ..., policy delete POLICY, or fleet POLICY", errUsage)
+	return err
+}
+
+// runner is a parsed command, run against the store.
+type runner func(ctx context.Context, s *remote.RedisStore, prefix string, out io.Writer) error
+
+// noop stands for a command known but misused (its own usage is shown,
+// not the global one).
+func noop(context.Context, *remote.RedisStore, string, io.Writer) error { return nil }
+
+// parseCommand parses a command and its own flags. -h prints the
+// command's help to out and returns flag.ErrHelp.
+func parseCommand(args []string, out io.Writer) (runner, error) {
+	name, rest := args[0], args[1:]
+	if name == "policy" && len(rest) > 0 {
+		name, rest = "policy "+rest[0], rest[1:]
+	}
+	i := slices.IndexFunc(commands, func(c command) bool { return c.name == name })
+	if i < 0 {
+		return nil, fmt.Errorf("%w: unknown command %q", errUsage, strings.Join(args[:min(len(args), 2)], " "))
+	}
+	fl := flag.NewFlagSet(name, flag.ContinueOnError)
+	fl.SetOutput(io.Discard)
+	var set *policyFlags
+	if name == "policy set" {
+		set = newPolicyFlags(fl)
+	}
+	fl.Usage = func() {
+		fmt.Fprintf(out, "usage: leasehold [flags] %s\n\n%s\n", commands[i].usage(), commands[i].does)
+		fl.SetOutput(out)
+		fl.PrintDefaults()
+	}
+	// Positional arguments come first (policy set POLICY -version ...).
+	var pos []string
+	for len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+		pos, rest = append(pos, rest[0]), rest[1:]
+	}
+	if err := fl.Parse(rest); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fl.Usage()
+			return nil, err
+		}
+		return noop, fmt.Errorf("%w: %s: %v", errUsage, name, err)
+	}
+	pos = append(pos, fl.Args()...)
+	if len(pos) != len(commands[i].args) {
+		return noop, fmt.Errorf("%w: want %s", errUsage, commands[i].usage())
+	}
+	return func(ctx context.Context, s *remote.RedisStore, prefix string, out io.Writer) error {
+		switch name {
+		case "bucket":
+			return bucket(ctx, s, prefix, pos[0], pos[1], out)
+		case "policy show":
+			return showPolicy(ctx, s, prefix, pos[0], out)
+		case "policy set":
+			return setPolicy(ctx, s, prefix, pos[0], set, out)
+		case "policy delete":
+			return deletePolicy(ctx, s, prefix, pos[0], out)
+		}
+		return fleet(ctx, s, prefix, pos[0], out)
+	}, nil
 }
 
 // deletePolicy removes a policy record, so that the next limiter started
@@ -122,8 +260,13 @@ func bucket(ctx context.Context, s *remote.RedisStore, prefix, policy, key strin
 		fmt.Fprintln(out, "state      no bucket: full (never used, or idle past its TTL)")
 		return nil
 	}
-	fmt.Fprintf(out, "level      %d of %d\nlimit      %v\nversion    %d\nnext token %v\nfull in    %v\nttl        %v\n",
-		b.Level, b.Limit.Burst, b.Limit, b.Version, b.NextToken, b.ResetAfter, b.TTL)
+	level := fmt.Sprintf("%d of %d", b.Level, b.Limit.Burst)
+	if b.Level < 0 {
+		// Future-dated grants and outage debt are paid from refills.
+		level = fmt.Sprintf("0 of %d, %d owed (future-dated grants or outage debt)", b.Limit.Burst, -b.Level)
+	}
+	fmt.Fprintf(out, "level      %s\nlimit      %v\nversion    %d\nnext token %v\nfull in    %v\nttl        %v\n",
+		level, b.Limit, b.Version, b.NextToken, b.ResetAfter, b.TTL)
 	return nil
 }
 
@@ -153,15 +296,26 @@ func showPolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, 
 	return nil
 }
 
-func setPolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, args []string, out io.Writer) error {
-	fl := flag.NewFlagSet("policy set", flag.ContinueOnError)
-	fl.SetOutput(io.Discard)
-	version := fl.Uint64("version", 0, "new version, above the one in force")
-	rate := fl.Int64("rate", 0, "tokens per period")
-	period := fl.Duration("period", time.Second, "refill period")
-	burst := fl.Int64("burst", 0, "bucket size (default: rate)")
-	if err := fl.Parse(args); err != nil {
-		return fmt.Errorf("%w: policy set: %v", errUsage, err)
+// policyFlags are policy set's flags.
+type policyFlags struct {
+	version     *uint64
+	rate, burst *int64
+	period      *time.Duration
+}
+
+func newPolicyFlags(fl *flag.FlagSet) *policyFlags {
+	return &policyFlags{
+		version: fl.Uint64("version", 0, "new version, above the one in force (required)"),
+		rate:    fl.Int64("rate", 0, "tokens per period (required)"),
+		period:  fl.Duration("period", time.Second, "refill period"),
+		burst:   fl.Int64("burst", 0, "bucket size (default: rate)"),
+	}
+}
+
+func setPolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, f *policyFlags, out io.Writer) error {
+	version, rate, period, burst := f.version, f.rate, f.period, f.burst
+	if *version == 0 || *rate == 0 {
+		return fmt.Errorf("%w: policy set needs -version and -rate", errUsage)
 	}
 	if *burst == 0 {
 		*burst = *rate

@@ -119,7 +119,8 @@ func addrsOf(c redis.UniversalClient) []string {
 // TestErrors: a wrong address and bad usage say what is wrong.
 func TestErrors(t *testing.T) {
 	if code, _, errOut := cli("-addr", "127.0.0.1:1", "-timeout", "500ms", "policy", "show", "p"); code != 1 ||
-		!strings.Contains(errOut, "cannot reach Redis at 127.0.0.1:1") {
+		!strings.Contains(errOut, "cannot reach Redis at redis://127.0.0.1:1: dial tcp 127.0.0.1:1: connect: connection refused") ||
+		strings.Count(errOut, "\n") != 1 {
 		t.Fatalf("wrong address: %d %s", code, errOut)
 	}
 	if code, _, errOut := cli("frobnicate"); code != 2 || !strings.Contains(errOut, "usage") {
@@ -203,4 +204,41 @@ func TestPolicyInCodeVersusStore(t *testing.T) {
 			t.Fatalf("after delete: Policy() = %v, log:\n%s", got.Limit, logs.String())
 		}
 	})
+}
+
+// TestUsage: per-command help, exit codes, and the URL from a flag or the
+// environment.
+func TestUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args     []string
+		code     int
+		out, err string
+	}{
+		{[]string{"-h"}, 0, "policy set POLICY", ""},
+		{[]string{"policy", "set", "-h"}, 0, "-version uint", ""},
+		{[]string{"bucket", "-h"}, 0, "usage: leasehold [flags] bucket POLICY KEY", ""},
+		{[]string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
+		{[]string{"bucket", "api"}, 2, "", "want bucket POLICY KEY"},
+		{[]string{"policy", "set", "api", "-rate", "x"}, 2, "", "invalid value"},
+		{[]string{"policy", "set", "api", "-rate", "5"}, 2, "", "needs -version and -rate"},
+		{[]string{"-url", "redis://h:1?nonsense=1", "fleet", "api"}, 2, "", "bad Redis URL"},
+		{nil, 2, "", "no command"},
+	} {
+		code, out, errOut := cli(tc.args...)
+		if code != tc.code || !strings.Contains(out, tc.out) || !strings.Contains(errOut, tc.err) {
+			t.Errorf("leasehold %v = %d\nstdout %s\nstderr %s\nwant %d, %q, %q", tc.args, code, out, errOut, tc.code, tc.out, tc.err)
+		}
+	}
+	s := redistest.Standalone(t)
+	name := "cli-url" + time.Now().Format("150405.000000")
+	if code, out, errOut := cli("-url", "redis://"+s.Addr+"/0", "policy", "set", name, "-version", "1", "-rate", "7"); code != 0 {
+		t.Fatalf("policy set by -url: %d %s%s", code, out, errOut)
+	}
+	t.Setenv("LEASEHOLD_REDIS_URL", "redis://"+s.Addr)
+	if code, out, errOut := cli("policy", "show", name); code != 0 || !strings.Contains(out, "7/1s burst 7") {
+		t.Fatalf("policy show by $LEASEHOLD_REDIS_URL: %d %s%s", code, out, errOut)
+	}
+	if code, out, errOut := cli("policy", "set", name, "-version", "2", "-rate", "-5"); code != 2 {
+		t.Fatalf("an invalid limit: %d %s%s, want exit 2", code, out, errOut)
+	}
 }
