@@ -7,7 +7,8 @@
 // Usage:
 //
 //	go run ./sim                     # the default suite (sim/scenarios)
-//	go run ./sim -scenario FILE      # one scenario file
+//	go run ./sim -scenario NAME      # scenarios of the suite by name (comma-separated)
+//	go run ./sim -scenario FILE      # a scenario file
 //	go run ./sim -list               # list the default suite
 //	go run ./sim -seed 7 -out DIR    # another seed, plots elsewhere
 //
@@ -24,6 +25,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -34,7 +37,7 @@ func main() {
 func cli(args []string, stdout, stderr io.Writer) int {
 	fl := flag.NewFlagSet("sim", flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	file := fl.String("scenario", "", "run this scenario file instead of the default suite")
+	file := fl.String("scenario", "", "run these scenarios of the suite (names, comma-separated, see -list) or this scenario file")
 	seed := fl.Uint64("seed", 0, "random seed (0: each scenario's own)")
 	out := fl.String("out", "sim-out", "directory for plots")
 	list := fl.Bool("list", false, "list the default suite and exit")
@@ -77,12 +80,28 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// loadSuite returns the scenario in file, or the default suite.
-func loadSuite(file string) ([]*Scenario, error) {
-	if file == "" {
+// loadSuite returns the default suite, the scenarios of it that which
+// names (comma-separated), or the scenario in the file which names.
+func loadSuite(which string) ([]*Scenario, error) {
+	if which == "" {
 		return defaultSuite()
 	}
-	s, err := loadFile(file)
+	if _, err := os.Stat(which); err != nil {
+		suite, err := defaultSuite()
+		if err != nil {
+			return nil, err
+		}
+		var out []*Scenario
+		for _, name := range strings.Split(which, ",") {
+			i := slices.IndexFunc(suite, func(s *Scenario) bool { return s.Name == name })
+			if i < 0 {
+				return nil, fmt.Errorf("no scenario named %q and no such file (go run ./sim -list names them)", name)
+			}
+			out = append(out, suite[i])
+		}
+		return out, nil
+	}
+	s, err := loadFile(which)
 	if err != nil {
 		return nil, err
 	}

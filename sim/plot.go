@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"path/filepath"
+	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -23,6 +24,16 @@ func (r *recorder) writePlots(dir string) ([]string, error) {
 	p.X.Label.Text = "virtual seconds"
 	p.Y.Label.Text = "requests per second"
 	top := r.plotTop()
+	r.logY = top > 20*r.maxAdmittedPerSecond()
+	if r.logY {
+		// Offered load far above what is admitted (a flood): on a linear
+		// axis the admitted band would be a sliver.
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		p.Y.Label.Text = "requests per second (log scale)"
+	} else {
+		p.Y.Tick.Marker = wholeTicks{}
+	}
 	// Fault windows first, so the data is drawn over them.
 	steps := []func(*plot.Plot, float64) error{r.plotFaults, r.plotStacked, r.plotOffered, r.plotLimit}
 	for _, step := range steps {
@@ -32,7 +43,7 @@ func (r *recorder) writePlots(dir string) ([]string, error) {
 	}
 	p.Legend.Top = true
 	p.Legend.Left = true
-	p.Y.Min, p.Y.Max = 0, top*1.1
+	p.Y.Min, p.Y.Max = r.yFloor(), top*1.1
 	p.X.Min, p.X.Max = 0, float64(len(r.perSecond))
 	p.Add(plotter.NewGrid())
 	var files []string
@@ -44,6 +55,41 @@ func (r *recorder) writePlots(dir string) ([]string, error) {
 		files = append(files, f)
 	}
 	return files, nil
+}
+
+// wholeTicks are gonum's default ticks labelled as whole numbers (requests
+// per second have no fractions).
+type wholeTicks struct{}
+
+func (wholeTicks) Ticks(min, max float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(min, max)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = strconv.FormatFloat(ts[i].Value, 'f', -1, 64)
+		}
+	}
+	return ts
+}
+
+// yFloor is the lowest value drawn: 0, or 1 on a log axis.
+func (r *recorder) yFloor() float64 {
+	if r.logY {
+		return 1
+	}
+	return 0
+}
+
+// maxAdmittedPerSecond is the most the fleet admitted in one second.
+func (r *recorder) maxAdmittedPerSecond() float64 {
+	top := 0.0
+	for _, row := range r.perSecond {
+		var n int64
+		for _, v := range row {
+			n += v
+		}
+		top = max(top, float64(n))
+	}
+	return top
 }
 
 // plotTop is the highest value drawn: offered load or limit.
@@ -62,7 +108,8 @@ var faultColor = color.RGBA{R: 255, G: 200, B: 200, A: 255}
 
 func (r *recorder) plotFaults(p *plot.Plot, top float64) error {
 	for _, f := range r.faults {
-		shade, err := plotter.NewPolygon(plotter.XYs{{X: f[0].Seconds(), Y: 0}, {X: f[1].Seconds(), Y: 0},
+		lo := r.yFloor()
+		shade, err := plotter.NewPolygon(plotter.XYs{{X: f[0].Seconds(), Y: lo}, {X: f[1].Seconds(), Y: lo},
 			{X: f[1].Seconds(), Y: top * 1.05}, {X: f[0].Seconds(), Y: top * 1.05}})
 		if err != nil {
 			return err
@@ -72,7 +119,7 @@ func (r *recorder) plotFaults(p *plot.Plot, top float64) error {
 		p.Add(shade)
 	}
 	if len(r.faults) > 0 {
-		sw, _ := plotter.NewPolygon(plotter.XYs{{}, {X: 1}, {X: 1, Y: 1}})
+		sw, _ := plotter.NewPolygon(plotter.XYs{{Y: 1}, {X: 1, Y: 1}, {X: 1, Y: 2}})
 		sw.Color = faultColor
 		p.Legend.Add("store fault", sw)
 	}
@@ -99,6 +146,9 @@ func (r *recorder) plotStacked(p *plot.Plot, _ float64) error {
 		at = func(band, s int) int64 { return r.regions[band].perS[s] }
 	}
 	lower := make([]float64, secs)
+	for s := range lower {
+		lower[s] = r.yFloor()
+	}
 	for proc := 0; proc < bands; proc++ {
 		upper := make([]float64, secs)
 		pts := make(plotter.XYs, 0, 2*secs+2)
@@ -129,7 +179,7 @@ func (r *recorder) plotStacked(p *plot.Plot, _ float64) error {
 func (r *recorder) plotOffered(p *plot.Plot, _ float64) error {
 	offered := make(plotter.XYs, len(r.offeredS))
 	for s := range offered {
-		offered[s] = plotter.XY{X: float64(s) + 0.5, Y: float64(r.offeredS[s])}
+		offered[s] = plotter.XY{X: float64(s) + 0.5, Y: max(float64(r.offeredS[s]), r.yFloor())}
 	}
 	ol, err := plotter.NewLine(offered)
 	if err != nil {
@@ -142,8 +192,10 @@ func (r *recorder) plotOffered(p *plot.Plot, _ float64) error {
 	return nil
 }
 
+// plotLimit draws the limit of a single-key scenario; in a flood on a
+// log axis, the limit of one key (every key has the same).
 func (r *recorder) plotLimit(p *plot.Plot, _ float64) error {
-	if !r.singleKey {
+	if !r.singleKey && !r.logY {
 		return nil
 	}
 	limit := make(plotter.XYs, 0, 2*len(r.limitS))
@@ -157,6 +209,10 @@ func (r *recorder) plotLimit(p *plot.Plot, _ float64) error {
 	ll.LineStyle.Width = vg.Points(2)
 	ll.LineStyle.Color = color.Black
 	p.Add(ll)
-	p.Legend.Add("limit", ll)
+	if r.singleKey {
+		p.Legend.Add("limit", ll)
+	} else {
+		p.Legend.Add("one key's limit", ll)
+	}
 	return nil
 }

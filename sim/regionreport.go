@@ -98,7 +98,11 @@ func (r *recorder) regionTable(out io.Writer) {
 	}
 	_ = tw.Flush()
 	lim := r.sc.Policy.limit()
-	fmt.Fprintf(out, "world: %d admitted; most over Burst + Rate·t at any moment: %+.0f (Burst %d)\n", all, r.worldOver(), lim.Burst)
+	if over := r.worldOver(); over > 0 {
+		fmt.Fprintf(out, "world: %d admitted; most over Burst + Rate·t at any moment: %.0f (Burst %d)\n", all, over, lim.Burst)
+	} else {
+		fmt.Fprintf(out, "world: %d admitted; never over Burst + Rate·t (closest: %.0f under; Burst %d)\n", all, -over, lim.Burst)
+	}
 }
 
 // regionMisses checks a tiered world's targets.

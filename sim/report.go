@@ -43,6 +43,7 @@ type recorder struct {
 	faultEnd     time.Duration
 	recoveredAt  time.Duration // -1 until every process is Healthy after the fault
 	singleKey    bool
+	logY         bool // the plot's y axis is logarithmic (set by writePlots)
 	policyChange time.Duration
 
 	// For audited policies (single key): every admission's time, and the
@@ -280,16 +281,22 @@ func pct(a, b int64) float64 {
 // table writes one row per phase.
 func (r *recorder) table(out io.Writer) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "phase\tvirtual s\toffered\tadmitted\texact bound\tover-admission %\tutilization %\tstore calls/1000\tp50\tp99\t")
+	fmt.Fprintln(tw, "phase\tvirtual s\toffered\tadmitted\tservable\tover-admission %\tutilization %\tstore calls/1000\twait p50\twait p99\t")
 	for _, p := range r.phases {
 		bound, servable, over := p.bound()
 		fmt.Fprintf(tw, "%s\t%.1f–%.1f\t%d\t%d\t%d\t%.2f\t%.1f\t%.1f\t%v\t%v\t\n",
-			p.name, p.from.Seconds(), p.to.Seconds(), p.offered, p.admitted, bound, pct(over, bound),
+			p.name, p.from.Seconds(), p.to.Seconds(), p.offered, p.admitted, servable, pct(over, bound),
 			pct(p.admitted, servable), 1000*float64(p.storeCalls)/math.Max(1, float64(p.decisions)),
 			p.percentile(0.5).Round(time.Microsecond), p.percentile(0.99).Round(time.Microsecond))
 	}
 	_ = tw.Flush()
+	fmt.Fprintln(out, tableLegend)
 }
+
+// tableLegend says what the phase table's columns measure.
+const tableLegend = `servable: each key's offered demand capped at its exact bound Burst + Rate·w over the phase, summed over keys;
+utilization = admitted / servable; over-admission = admissions beyond each key's own bound, as a share of the bounds;
+wait: virtual time a decision waited for the store (0 when a lease or a cached refusal answered it).`
 
 // verdict checks the targets; it returns the misses.
 func (r *recorder) verdict() []string {
@@ -409,16 +416,49 @@ func (r *recorder) auditTable(out io.Writer) {
 	fmt.Fprintln(out, "\nwindow audit (every window ending at 100 ms steps):")
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "span\tlimit\twindows\tmost admitted\tallowed\tleast in a full window\t")
-	for _, a := range r.audit() {
+	audits := r.audit()
+	binding := bindingLimits(audits)
+	for _, a := range audits {
 		sp := r.spans[a.span]
-		least := "-"
+		least := "- (no full window in the span)"
 		if a.least >= 0 {
 			least = fmt.Sprintf("%d (%.1f%% of %d)", a.least, pct(a.least, a.limit.Rate), a.limit.Rate)
+			if b, ok := binding[a.span]; ok && b != a.limit {
+				// Several limits: the least full window of one that does
+				// not bind says nothing of utilization.
+				least += fmt.Sprintf("; %v binds", b)
+			}
 		}
 		fmt.Fprintf(tw, "%.1f–%.1f s\t%s\t%d\t%d\t%d\t%s\t\n", sp.from.Seconds(), sp.to.Seconds(), a.limit, a.windows, a.most,
 			a.allowed, least)
 	}
 	_ = tw.Flush()
+}
+
+// bindingLimits returns, for each span with several limits, the limit
+// that bound: of those some window filled, the longest (once its quota is
+// spent, the shorter limits' windows stay empty), else the one whose full
+// windows were fullest.
+func bindingLimits(audits []limitAudit) map[int]hybrid.Limit {
+	n := map[int]int{}
+	out := map[int]hybrid.Limit{}
+	filled := map[int]bool{}
+	best := map[int]float64{}
+	for _, a := range audits {
+		n[a.span]++
+		switch {
+		case a.most >= a.allowed && (!filled[a.span] || a.limit.Period > out[a.span].Period):
+			filled[a.span], out[a.span] = true, a.limit
+		case !filled[a.span] && a.least >= 0 && (pct(a.least, a.limit.Rate) >= best[a.span] || out[a.span] == (hybrid.Limit{})):
+			best[a.span], out[a.span] = pct(a.least, a.limit.Rate), a.limit
+		}
+	}
+	for span := range out {
+		if n[span] < 2 {
+			delete(out, span)
+		}
+	}
+	return out
 }
 
 // auditMisses returns the audit's misses: any window over its limit, and

@@ -188,6 +188,23 @@ func TestCLI(t *testing.T) {
 	if code := cli([]string{"-list"}, &out, &errOut); code != 0 || !strings.Contains(out.String(), "scale-100x10k") {
 		t.Fatalf("-list: exit %d\n%s", code, out.String())
 	}
+	// Scenarios of the suite by name; an unknown name is bad usage.
+	out.Reset()
+	if code := cli([]string{"-scenario", "healthy,clock-skew", "-out", dir}, &out, &errOut); code != 0 ||
+		!strings.Contains(out.String(), "PASS healthy") || !strings.Contains(out.String(), "PASS clock-skew") ||
+		strings.Contains(out.String(), "outage-10s") {
+		t.Fatalf("-scenario by name: exit %d\n%s", code, out.String())
+	}
+	errOut.Reset()
+	if code := cli([]string{"-scenario", "no-such"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), `no scenario named "no-such"`) {
+		t.Fatalf("-scenario no-such: exit %d %s", code, errOut.String())
+	}
+	// The table says what its columns measure.
+	for _, want := range []string{"servable:", "wait: virtual time a decision waited"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks the legend %q", want)
+		}
+	}
 	// A target that cannot be met makes the exit code 1.
 	strict := strings.Replace(mustRead(t, file), `"outage_within_pct": 20`, `"outage_within_pct": 0.001`, 1)
 	if err := os.WriteFile(file, []byte(strict), 0o644); err != nil {
