@@ -28,6 +28,10 @@ type outage struct {
 	// began; holdUntil (1 + its end, 0 = no hold) ends the recovery hold.
 	before    atomic.Int64
 	holdUntil atomicMono
+	// endedAt is when the last outage ended: a share bucket last used
+	// before then has refilled since and would grant a fresh burst on top
+	// of the bucket the store drew down meanwhile, so it is rebuilt.
+	endedAt atomicMono
 }
 
 // began records the fleet size as an outage begins.
@@ -44,6 +48,7 @@ func (o *outage) began() {
 // share, so that the fleet as a whole stays within the limit.
 // It reports whether the hold is on.
 func (o *outage) ended(now mono) bool {
+	o.endedAt.Store(now)
 	if o.fleet != nil && o.before.Load() > 1 && o.cfg.recoveryHold > 0 {
 		o.holdUntil.Store(now.add(o.cfg.recoveryHold) + 1)
 		return true
@@ -72,6 +77,7 @@ type degradedKey struct {
 	// Under mu.
 	bucket *local.Bucket
 	share  local.Limit // the limit bucket was built for
+	used   mono        // when bucket last decided
 	// charged is the share deficit the last settlement charged, at
 	// chargedAt; see unpaid.
 	charged   int64
@@ -119,7 +125,9 @@ func (o *outage) decide(e *entry, p *policyState, n int64, now mono) Decision {
 
 // degradedBucket returns e's local GCRA at this process's share of the
 // limit (of the one bucket that keeps all the tier's limits, for shaped
-// policies), rebuilt when the policy or the fleet size changes; nil when
+// policies), rebuilt when the policy or the fleet size changes and when
+// it was last used before the last outage ended (it has refilled since and
+// would grant a fresh burst on top of the bucket); nil when
 // no share can be expressed (the outage then refuses: a share never falls
 // back to more than Rate/N).
 func (o *outage) degradedBucket(e *entry, t *tierState, now mono) *local.Bucket {
@@ -130,7 +138,7 @@ func (o *outage) degradedBucket(e *entry, t *tierState, now mono) *local.Bucket 
 	x := &e.extra().down
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if x.bucket == nil || x.share != share {
+	if x.bucket == nil || x.share != share || x.used < o.endedAt.Load() {
 		b, err := local.NewBucket(share)
 		if err != nil {
 			return nil // shareOf validated it; kept for safety, refusing
@@ -141,8 +149,11 @@ func (o *outage) degradedBucket(e *entry, t *tierState, now mono) *local.Bucket 
 			// refills at its rate instead of granting a fresh burst.
 			b.Empty(int64(now))
 		}
-		x.bucket, x.share = b, share
+		// What a settlement charged was the old bucket's deficit; the new
+		// one starts from its own.
+		x.bucket, x.share, x.charged = b, share, 0
 	}
+	x.used = now
 	return x.bucket
 }
 

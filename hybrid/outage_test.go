@@ -149,3 +149,50 @@ func TestOutageModes(t *testing.T) {
 		})
 	}
 }
+
+// TestSecondOutageStartsEmpty: a key in use when the store goes away
+// starts its share empty, in the second outage as in the first. (The share
+// bucket of the first outage used to be kept, and had refilled to a full
+// share burst by the second: the demo showed twice the limit in the
+// second outage's first second.)
+func TestSecondOutageStartsEmpty(t *testing.T) {
+	t.Parallel()
+	w := newFakeWorld()
+	st := &flaky{Store: w.store}
+	l, err := New(st, Policy{Name: "second-outage", Limit: Limit{Rate: 100, Period: time.Second, Burst: 100}},
+		WithClock(w.clk), WithFleetSize(4), quiet)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	burst := func() (admitted int) {
+		for range 100 {
+			if d, err := l.AllowN(ctx, "k", 1); err != nil {
+				t.Fatalf("AllowN: %v", err)
+			} else if d.Allowed && d.Source == SourceDegraded {
+				admitted++
+			}
+		}
+		return admitted
+	}
+	for outage := 1; outage <= 2; outage++ {
+		for range 5 { // the key is in use
+			l.Allow(ctx, "k")
+		}
+		st.down.Store(true)
+		if got := burst(); got > 1 {
+			t.Fatalf("outage %d: the share admitted %d at once on a key in use, want it to start empty", outage, got)
+		}
+		st.down.Store(false)
+		eventually(t, "recovery to healthy", func() bool {
+			l.Allow(ctx, "probe")
+			w.clk.Advance(10 * time.Millisecond)
+			return l.Mode() == ModeHealthy
+		})
+		// 10 s of light use: the key stays tracked, and a share bucket
+		// kept from this outage would refill to its whole burst.
+		for range 40 {
+			w.clk.Advance(250 * time.Millisecond)
+			l.Allow(ctx, "k")
+		}
+	}
+}
