@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// resultsFile is what `make bench` writes; the README's benchmark table is
+// resultsFile is what `make bench` writes; docs/benchmarks.md's table is
 // made from it (TestReadmeTable keeps them in step).
 const resultsFile = "results/latest.txt"
 
@@ -67,7 +67,7 @@ func parseResults(path string) (config []string, rows []row, err error) {
 	return config, rows, sc.Err()
 }
 
-// markdownTable renders rows as the README's table.
+// markdownTable renders rows as docs/benchmarks.md's table.
 func markdownTable(config []string, rows []row) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Measured with `make bench` (%s).\n\n", strings.Join(config, "; "))
@@ -108,9 +108,12 @@ func dur(r row, unit string) string {
 	return strconv.FormatFloat(v, 'f', 0, 64) + " ns"
 }
 
-// TestReadmeTable checks that the README's benchmark table is the one
-// results/latest.txt gives; after `make bench`, run it with UPDATE_README=1 to
-// rewrite it (UPDATE_README=1).
+// docsFile holds the benchmark table (the README links to it).
+const docsFile = "../docs/benchmarks.md"
+
+// TestReadmeTable checks that the documented benchmark table
+// (docs/benchmarks.md) is the one results/latest.txt gives; after `make
+// bench`, run it with UPDATE_README=1 to rewrite it.
 func TestReadmeTable(t *testing.T) {
 	config, rows, err := parseResults(resultsFile)
 	if err != nil {
@@ -121,24 +124,24 @@ func TestReadmeTable(t *testing.T) {
 	}
 	want := markdownTable(config, rows)
 	const start, end = "<!-- bench:start -->\n", "<!-- bench:end -->"
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile(docsFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	before, rest, ok1 := strings.Cut(string(readme), start)
 	_, after, ok2 := strings.Cut(rest, end)
 	if !ok1 || !ok2 {
-		t.Fatalf("README.md has no %q … %q section", start, end)
+		t.Fatalf("%s has no %q … %q section", docsFile, start, end)
 	}
 	got := rest[:len(rest)-len(after)-len(end)]
 	if got == want {
 		return
 	}
 	if os.Getenv("UPDATE_README") != "" {
-		if err := os.WriteFile("../README.md", []byte(before+start+want+end+after), 0o644); err != nil {
+		if err := os.WriteFile(docsFile, []byte(before+start+want+end+after), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	t.Fatalf("README.md's benchmark table is not the one %s gives; run `UPDATE_README=1 go test -run TestReadmeTable` in benchmarks/", resultsFile)
+	t.Fatalf("%s's benchmark table is not the one %s gives; run `UPDATE_README=1 go test -run TestReadmeTable` in benchmarks/", docsFile, resultsFile)
 }
