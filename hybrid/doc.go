@@ -1,6 +1,33 @@
 // Package hybrid is leasehold's public limiter: one global rate limit per
 // key, shared by every process that uses the same store, decided locally.
 //
+// In a service, one Limiter per policy lives as long as the process:
+//
+//	rdb := redis.NewClient(&redis.Options{
+//		Addr:                  "redis.internal:6379",
+//		ContextTimeoutEnabled: true, // required: deadlines must reach calls in flight
+//	}) // or redis.NewClusterClient, redis.NewFailoverClient
+//	lim, err := hybrid.New(remote.NewRedis(rdb), hybrid.Policy{
+//		Name:  "api",                  // buckets are per policy and key
+//		Limit: hybrid.PerSecond(1000), // for the whole fleet
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	defer lim.Close(ctx) // gives unspent leased tokens back
+//
+//	d, err := lim.AllowN(ctx, customerID, 1)
+//	switch {
+//	case err != nil: // misuse: ErrInvalidKey (no customer id), ErrExceedsBurst, ErrClosed
+//		http.Error(w, "bad request", http.StatusBadRequest)
+//	case !d.Allowed: // a refusal: wait d.RetryAfter
+//		http.Error(w, "slow down", http.StatusTooManyRequests)
+//	}
+//
+// Redis being slow or down is never an error of AllowN: it changes Mode
+// and decisions fall back to the OutageMode. hybrid/httplimit does the
+// above for net/http, with draft-11 RateLimit fields.
+//
 // Each process leases small batches of tokens from the store (one atomic
 // Redis script call) and spends them from a lock-free cell, so a decision on
 // a busy key is a map lookup and a CAS. Batches follow each key's recent

@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"time"
 
-	"github.com/leasehold/leasehold/clock"
+	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/contrib/grpclimit"
 	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/remote"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
@@ -21,12 +24,12 @@ import (
 
 // ExampleUnaryServerInterceptor limits each tenant (named in the
 // "x-tenant" metadata) to 2 calls per hour on a real loopback server, and
-// reads the retry delay back on the client. (A real service passes
-// remote.NewRedis(rdb); the in-memory store keeps the example self-contained.)
+// reads the retry delay back on the client, on Redis as a service would.
 func ExampleUnaryServerInterceptor() {
-	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
-	lim, err := hybrid.New(remote.NewMemory(clk), hybrid.Policy{Name: "grpc", Limit: hybrid.Limit{Rate: 2, Period: time.Hour, Burst: 2}},
-		hybrid.WithClock(clk), hybrid.WithMaxReservation(0), hybrid.WithLogger(slog.New(slog.DiscardHandler)))
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	lim, err := hybrid.New(remote.NewRedis(rdb), hybrid.Policy{Name: "grpc", Limit: hybrid.Limit{Rate: 2, Period: time.Hour, Burst: 2}},
+		hybrid.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		panic(err)
 	}
@@ -47,14 +50,28 @@ func ExampleUnaryServerInterceptor() {
 	}
 	defer conn.Close()
 	client := healthpb.NewHealthClient(conn)
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-tenant", "acme")
+	tenant := "acme-" + strconv.FormatInt(time.Now().UnixNano(), 36) // a run of its own on a shared server
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-tenant", tenant)
 	for i := 0; i < 3; i++ {
 		_, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
 		delay, limited := grpclimit.RetryDelay(err)
-		fmt.Println(status.Code(err), limited, delay)
+		fmt.Println(status.Code(err), limited, delay.Round(time.Minute)) // the next of 2 tokens an hour: in 30 min
 	}
 	// Output:
 	// OK false 0s
 	// OK false 0s
 	// ResourceExhausted true 30m0s
+}
+
+// redisAddr is where the example finds Redis: a real redis-server the
+// tests start, else an in-memory one. In a service it is your Redis.
+func redisAddr() string {
+	if addr, err := redistest.StandaloneAddr(); err == nil {
+		return addr
+	}
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		panic(err)
+	}
+	return mr.Addr()
 }

@@ -4,29 +4,34 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
-	"github.com/leasehold/leasehold/clock"
+	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/contrib/prommetrics"
 	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 )
 
 // ExampleNewCollector registers a limiter's metrics and shows what a
 // scrape reads after four decisions on a burst of three.
 func ExampleNewCollector() {
-	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
-	lim, err := hybrid.New(remote.NewMemory(clk), hybrid.Policy{Name: "api", Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 3}},
-		hybrid.WithClock(clk), hybrid.WithMaxReservation(0), hybrid.WithLogger(slog.New(slog.DiscardHandler)))
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	lim, err := hybrid.New(remote.NewRedis(rdb), hybrid.Policy{Name: "api", Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 3}},
+		hybrid.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		panic(err)
 	}
 	defer lim.Close(context.Background())
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prommetrics.NewCollector(lim)) // in a service: prometheus.MustRegister
+	tenant := "tenant-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	for i := 0; i < 4; i++ {
-		lim.Allow(context.Background(), "k")
+		lim.Allow(context.Background(), tenant)
 	}
 	families, err := reg.Gather()
 	if err != nil {
@@ -49,4 +54,17 @@ func ExampleNewCollector() {
 	// Output:
 	// remote admitted 3
 	// remote rejected 1
+}
+
+// redisAddr is where the example finds Redis: a real redis-server the
+// tests start, else an in-memory one. In a service it is your Redis.
+func redisAddr() string {
+	if addr, err := redistest.StandaloneAddr(); err == nil {
+		return addr
+	}
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		panic(err)
+	}
+	return mr.Addr()
 }

@@ -103,6 +103,21 @@ func Standalone(t testing.TB) *Server {
 	return shared
 }
 
+// StandaloneAddr returns the address of the binary's shared standalone
+// server, starting it on first use, for code without a testing.TB (a
+// runnable Example). It fails when redis-server is not installed; the
+// server is stopped by Main.
+func StandaloneAddr() (string, error) {
+	if !Available() {
+		return "", errors.New("redistest: redis-server not on PATH")
+	}
+	sharedOnce.Do(func() { shared, sharedErr = start(nil) })
+	if sharedErr != nil {
+		return "", sharedErr
+	}
+	return shared.Addr, nil
+}
+
 // NewServer starts a private server the test may pause, kill or restart,
 // with extra redis-server arguments (such as "--maxmemory", "4mb"); it is
 // stopped when the test ends.
