@@ -72,6 +72,7 @@ var commands = []command{
 	{"bucket", []string{"POLICY", "KEY"}, "a key's bucket: level, limit, version, next token, TTL"},
 	{"policy show", []string{"POLICY"}, "the policy record in force"},
 	{"policy set", []string{"POLICY"}, "a new version (-version V -rate R [-period D] [-burst B]); every limiter follows"},
+	{"policy diff", []string{"POLICY"}, "compare the record with a limit (-rate R [-period D] [-burst B], as in your code); exit 1 if they differ"},
 	{"policy delete", []string{"POLICY"}, "remove the record (before limiters start with the code's)"},
 	{"fleet", []string{"POLICY"}, "live limiters and their last heartbeat"},
 }
@@ -188,7 +189,7 @@ func parseCommand(args []string, out io.Writer) (runner, error) {
 	fl := flag.NewFlagSet(name, flag.ContinueOnError)
 	fl.SetOutput(io.Discard)
 	var set *policyFlags
-	if name == "policy set" {
+	if name == "policy set" || name == "policy diff" {
 		set = newPolicyFlags(fl)
 	}
 	fl.Usage = func() {
@@ -222,9 +223,55 @@ func parseCommand(args []string, out io.Writer) (runner, error) {
 			return setPolicy(ctx, s, prefix, pos[0], set, out)
 		case "policy delete":
 			return deletePolicy(ctx, s, prefix, pos[0], out)
+		case "policy diff":
+			return diffPolicy(ctx, s, prefix, pos[0], set, out)
 		}
 		return fleet(ctx, s, prefix, pos[0], out)
 	}, nil
+}
+
+// diffPolicy compares the record of name with the limit the flags give
+// (the policy a service's code would start with): it prints both and
+// returns an error when they differ, so a script can check before a
+// deploy which one limiters will enforce.
+func diffPolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, f *policyFlags, out io.Writer) error {
+	if *f.rate == 0 {
+		return fmt.Errorf("%w: policy diff needs -rate", errUsage)
+	}
+	if *f.burst == 0 {
+		*f.burst = *f.rate
+	}
+	yours := local.Limit{Rate: *f.rate, Period: *f.period, Burst: *f.burst}
+	if err := yours.Validate(); err != nil {
+		return err
+	}
+	rec, ok, err := s.GetPolicy(ctx, prefix, name)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		fmt.Fprintf(out, "policy %s: no record; a limiter started with %v publishes it\n", name, yours)
+		return nil
+	}
+	if exactlySame(rec.Limit, yours) && !rec.Window && len(rec.Also) == 0 {
+		fmt.Fprintf(out, "policy %s: the record (version %d) is %v, as yours\n", name, rec.Version, rec.Limit)
+		return nil
+	}
+	fmt.Fprintf(out, "policy %s: the record (version %d) is %v", name, rec.Version, rec.Limit)
+	for _, l := range rec.Also {
+		fmt.Fprintf(out, " and %v", l)
+	}
+	if rec.Window {
+		fmt.Fprint(out, ", sliding window")
+	}
+	fmt.Fprintf(out, "; yours is %v\n", yours)
+	return fmt.Errorf("policy %q: the record differs from %v: limiters adopt the record unless started with hybrid.WithPolicyPrecedence(hybrid.PolicyFromCode)", name, yours)
+}
+
+// exactlySame reports whether a and b admit the same: equal bursts and
+// equal rates per unit of time (5/1s is 300/1m).
+func exactlySame(a, b local.Limit) bool {
+	return a.Burst == b.Burst && a.Rate*int64(b.Period/time.Microsecond) == b.Rate*int64(a.Period/time.Microsecond)
 }
 
 // deletePolicy removes a policy record, so that the next limiter started

@@ -241,4 +241,12 @@ func TestUsage(t *testing.T) {
 	if code, out, errOut := cli("policy", "set", name, "-version", "2", "-rate", "-5"); code != 2 {
 		t.Fatalf("an invalid limit: %d %s%s, want exit 2", code, out, errOut)
 	}
+	// policy diff: the record (7/1s) against what a service's code says.
+	if code, out, errOut := cli("policy", "diff", name, "-rate", "420", "-period", "1m", "-burst", "7"); code != 0 || !strings.Contains(out, "as yours") {
+		t.Fatalf("policy diff, same limit in other units: %d %s%s", code, out, errOut)
+	}
+	if code, out, errOut := cli("policy", "diff", name, "-rate", "5"); code != 1 || !strings.Contains(out, "the record (version 1) is 7/1s burst 7; yours is 5/1s burst 5") ||
+		!strings.Contains(errOut, "PolicyFromCode") {
+		t.Fatalf("policy diff, another limit: %d %s%s", code, out, errOut)
+	}
 }
