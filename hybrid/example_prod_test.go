@@ -8,26 +8,11 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/redis/go-redis/v9"
 )
-
-// redisAddr is where the production examples find Redis: a real
-// redis-server the tests start (make test always has one), else an
-// in-memory one. In a service it is your Redis's address.
-func redisAddr() string {
-	if addr, err := redistest.StandaloneAddr(); err == nil {
-		return addr
-	}
-	mr := miniredis.NewMiniRedis()
-	if err := mr.Start(); err != nil {
-		panic(err)
-	}
-	return mr.Addr()
-}
 
 // uniq keeps runs apart on a server that outlives one.
 func uniq() string { return strconv.FormatInt(time.Now().UnixNano(), 36) }
@@ -39,8 +24,8 @@ func uniq() string { return strconv.FormatInt(time.Now().UnixNano(), 36) }
 func Example() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{
-		Addr:                  redisAddr(), // e.g. "redis.internal:6379"
-		ContextTimeoutEnabled: true,        // required: deadlines must reach calls in flight
+		Addr:                  redistest.ExampleAddr(), // e.g. "redis.internal:6379"
+		ContextTimeoutEnabled: true,                    // required: deadlines must reach calls in flight
 	})
 	defer rdb.Close()
 

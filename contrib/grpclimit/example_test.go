@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/contrib/grpclimit"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
@@ -26,7 +25,7 @@ import (
 // "x-tenant" metadata) to 2 calls per hour on a real loopback server, and
 // reads the retry delay back on the client, on Redis as a service would.
 func ExampleUnaryServerInterceptor() {
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.ExampleAddr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	lim, err := hybrid.New(remote.NewRedis(rdb), hybrid.Policy{Name: "grpc", Limit: hybrid.Limit{Rate: 2, Period: time.Hour, Burst: 2}},
 		hybrid.WithLogger(slog.New(slog.DiscardHandler)))
@@ -61,17 +60,4 @@ func ExampleUnaryServerInterceptor() {
 	// OK false 0s
 	// OK false 0s
 	// ResourceExhausted true 30m0s
-}
-
-// redisAddr is where the example finds Redis: a real redis-server the
-// tests start, else an in-memory one. In a service it is your Redis.
-func redisAddr() string {
-	if addr, err := redistest.StandaloneAddr(); err == nil {
-		return addr
-	}
-	mr := miniredis.NewMiniRedis()
-	if err := mr.Start(); err != nil {
-		panic(err)
-	}
-	return mr.Addr()
 }

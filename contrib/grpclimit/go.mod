@@ -3,7 +3,6 @@ module github.com/leasehold/leasehold/contrib/grpclimit
 go 1.26.0
 
 require (
-	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/leasehold/leasehold v0.0.0
 	github.com/redis/go-redis/v9 v9.23.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
@@ -12,6 +11,7 @@ require (
 )
 
 require (
+	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/sony/gobreaker/v2 v2.4.0 // indirect
 	github.com/yuin/gopher-lua v1.1.1 // indirect

@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/contrib/prommetrics"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
@@ -19,7 +18,7 @@ import (
 // ExampleNewCollector registers a limiter's metrics and shows what a
 // scrape reads after four decisions on a burst of three.
 func ExampleNewCollector() {
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.ExampleAddr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	lim, err := hybrid.New(remote.NewRedis(rdb), hybrid.Policy{Name: "api", Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 3}},
 		hybrid.WithLogger(slog.New(slog.DiscardHandler)))
@@ -54,17 +53,4 @@ func ExampleNewCollector() {
 	// Output:
 	// remote admitted 3
 	// remote rejected 1
-}
-
-// redisAddr is where the example finds Redis: a real redis-server the
-// tests start, else an in-memory one. In a service it is your Redis.
-func redisAddr() string {
-	if addr, err := redistest.StandaloneAddr(); err == nil {
-		return addr
-	}
-	mr := miniredis.NewMiniRedis()
-	if err := mr.Start(); err != nil {
-		panic(err)
-	}
-	return mr.Addr()
 }

@@ -3,13 +3,13 @@ module github.com/leasehold/leasehold/contrib/prommetrics
 go 1.26.0
 
 require (
-	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/leasehold/leasehold v0.0.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
 require (
+	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/hybrid/httplimit"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
@@ -17,25 +16,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// redisAddr is where the example finds Redis: a real redis-server the
-// tests start, else an in-memory one. In a service it is your Redis.
-func redisAddr() string {
-	if addr, err := redistest.StandaloneAddr(); err == nil {
-		return addr
-	}
-	mr := miniredis.NewMiniRedis()
-	if err := mr.Start(); err != nil {
-		panic(err)
-	}
-	return mr.Addr()
-}
-
 // ExampleMiddleware_production serves an API limited to 2 requests a
 // minute per tenant across the fleet, on Redis, as a service would: the
 // tenant from a header, draft-11 fields on every response, 429 with
 // Retry-After.
 func ExampleMiddleware_production() {
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.ExampleAddr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	lim, err := hybrid.New(remote.NewRedis(rdb), hybrid.Policy{Name: "api", Limit: hybrid.PerMinute(2)},
 		hybrid.WithLogger(slog.New(slog.DiscardHandler)))

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/alicebob/miniredis/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -116,6 +117,21 @@ func StandaloneAddr() (string, error) {
 		return "", sharedErr
 	}
 	return shared.Addr, nil
+}
+
+// ExampleAddr is where a runnable Example finds Redis: the shared real
+// server when redis-server is installed (make test always has it), else
+// an in-memory miniredis, so that `go test` without Redis still runs the
+// examples. A service uses its own Redis's address instead.
+func ExampleAddr() string {
+	if addr, err := StandaloneAddr(); err == nil {
+		return addr
+	}
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		panic(err)
+	}
+	return mr.Addr()
 }
 
 // NewServer starts a private server the test may pause, kill or restart,
