@@ -65,6 +65,8 @@ type Store struct {
 	clk clock.Clock
 
 	downSeen  atomic.Bool  // the failure being counted is remote.ErrUnreachable
+	stallSeen atomic.Bool  // the failure being counted is a call outstanding past latency
+	inflight  inflight     // calls in flight, so a hung one is seen before it returns
 	nextProbe atomic.Int64 // unix ns before which a half-open breaker is treated as open
 	backoff   atomic.Int64 // current probe backoff, ns
 	notify    notifier     // the user's OnStateChange, run outside gobreaker's lock
@@ -107,7 +109,7 @@ func NewStore(next remote.Store, st Settings) *Store {
 	bs.ReadyToTrip = func(c gobreaker.Counts) bool {
 		// A store that refused or dropped the connection is down, not
 		// slow: waiting for more failures only delays degraded mode.
-		return s.downSeen.Swap(false) || userTrip(c)
+		return s.downSeen.Swap(false) || s.stallSeen.Swap(false) || userTrip(c)
 	}
 	userIsSuccessful := bs.IsSuccessful
 	bs.IsSuccessful = func(err error) bool {
@@ -137,8 +139,14 @@ func NewStore(next remote.Store, st Settings) *Store {
 func (s *Store) Unwrap() remote.Store { return s.next }
 
 // State returns the breaker's state. A half-open breaker waiting out its
-// probe backoff reports StateOpen.
+// probe backoff reports StateOpen. A closed breaker with a call in flight
+// for longer than the latency threshold opens first: a hung store (a
+// paused process, a black-holed link) answers nothing, and a client whose
+// reads ignore the context's deadline (go-redis without
+// ContextTimeoutEnabled) would otherwise hold the breaker closed until its
+// own read timeout.
 func (s *Store) State() gobreaker.State {
+	s.checkStalled()
 	st := s.cb.State()
 	s.notify.flush()
 	if st == gobreaker.StateHalfOpen && s.clk.Now().UnixNano() < s.nextProbe.Load() {
@@ -178,6 +186,68 @@ func (s *Store) reportTimeout() {
 	}
 }
 
+// checkStalled opens a closed breaker whose oldest call in flight began
+// longer than the latency threshold ago.
+func (s *Store) checkStalled() {
+	oldest, ok := s.inflight.oldest()
+	if !ok || s.clk.Now().Sub(oldest) <= s.latency || s.cb.State() != gobreaker.StateClosed {
+		return
+	}
+	defer s.notify.flush()
+	if done, err := s.cb.Allow(); err == nil {
+		s.stallSeen.Store(true)
+		done(errSlow)
+	}
+}
+
+// inflight is the start times of the calls in flight. Tickets rise with
+// start times, so the oldest call is the lowest ticket still present.
+// Store calls are the slow path (a round trip each); State, on every
+// slow-path decision, takes the mutex only while calls are in flight.
+type inflight struct {
+	n      atomic.Int64 // calls in flight
+	mu     sync.Mutex
+	next   uint64               // last ticket given; under mu
+	low    uint64               // no ticket below it is in flight; under mu
+	starts map[uint64]time.Time // under mu
+}
+
+// begin records a call that starts at t and returns its ticket.
+func (f *inflight) begin(t time.Time) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.starts == nil {
+		f.starts = make(map[uint64]time.Time)
+	}
+	f.next++
+	f.starts[f.next] = t
+	f.n.Add(1)
+	return f.next
+}
+
+// end forgets the call of ticket id.
+func (f *inflight) end(id uint64) {
+	f.mu.Lock()
+	delete(f.starts, id)
+	f.n.Add(-1)
+	f.mu.Unlock()
+}
+
+// oldest returns the start of the oldest call in flight.
+func (f *inflight) oldest() (time.Time, bool) {
+	if f.n.Load() == 0 {
+		return time.Time{}, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for ; f.low <= f.next; f.low++ {
+		if t, ok := f.starts[f.low]; ok {
+			return t, true
+		}
+	}
+	return time.Time{}, false
+}
+
 // call runs fn through the breaker.
 func (s *Store) call(fn func() error) error {
 	defer s.notify.flush()
@@ -189,7 +259,9 @@ func (s *Store) call(fn func() error) error {
 		return errs.Errorf("breaker", "%w: %w: %w", ErrOpen, err, remote.ErrUnavailable)
 	}
 	start := s.clk.Now()
+	id := s.inflight.begin(start)
 	err = fn()
+	s.inflight.end(id)
 	if err == nil && s.clk.Now().Sub(start) > s.latency {
 		done(errSlow)
 		return nil // the answer is still good; only the health verdict changes

@@ -282,3 +282,48 @@ func openOnManualClock() (*Store, *clock.Manual) {
 	}
 	return s, clk
 }
+
+// hung blocks every Lease until release is closed, ignoring the context,
+// as a go-redis client without ContextTimeoutEnabled does on a paused
+// Redis.
+type hung struct {
+	remote.Store
+	release chan struct{}
+}
+
+func (h *hung) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
+	<-h.release
+	return h.Store.Lease(ctx, r)
+}
+
+// TestOpensOnACallThatHangs: one call outstanding past the latency
+// threshold opens the breaker before it returns, and once the store
+// answers again the breaker closes.
+func TestOpensOnACallThatHangs(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	h := &hung{Store: remote.NewMemory(clk), release: make(chan struct{})}
+	s := NewStore(h, Settings{Latency: 500 * time.Millisecond, Clock: clk})
+	done := make(chan error)
+	go func() { _, err := s.Lease(context.Background(), req); done <- err }()
+	for s.inflight.n.Load() == 0 { // the call has begun
+		time.Sleep(time.Millisecond) // polling with the call as the deadline
+	}
+	clk.Advance(400 * time.Millisecond)
+	if got := s.State(); got != gobreaker.StateClosed {
+		t.Fatalf("a call out for 400 ms (threshold 500 ms): state %v, want closed", got)
+	}
+	clk.Advance(200 * time.Millisecond)
+	if got := s.State(); got != gobreaker.StateOpen {
+		t.Fatalf("a call out for 600 ms: state %v, want open", got)
+	}
+	close(h.release)
+	<-done
+	clk.Advance(300 * time.Millisecond) // past the open period: the next call probes
+	if _, err := s.Lease(context.Background(), req); err != nil {
+		t.Fatalf("probe after the store came back: %v", err)
+	}
+	if got := s.State(); got != gobreaker.StateClosed {
+		t.Fatalf("after a good probe: state %v, want closed", got)
+	}
+}

@@ -406,3 +406,50 @@ func TestScriptFlushAndClobberedBucket(t *testing.T) {
 		t.Fatalf("200 decisions on a clobbered bucket cost %d script calls, want ≤ 2", calls)
 	}
 }
+
+// TestHungRedisDetected: Redis paused (SIGSTOP) for 3 s under load at half
+// the limit, with go-redis clients at their defaults (no
+// ContextTimeoutEnabled: reads wait out their own 3 s timeout, whatever
+// the context says). A store call outstanding past the breaker's latency
+// threshold opens it: every limiter is degraded within 1 s of the pause
+// and healthy within 1 s of the resume.
+func TestHungRedisDetected(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3 s pause")
+	}
+	t.Parallel()
+	srv := redistest.NewServer(t)
+	defaults := func(t *testing.T) redis.UniversalClient {
+		return srv.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = false })
+	}
+	lims := newFleet(t, 2, Policy{Name: "hung", Limit: PerSecond(1000)}, defaults)
+	var during tally
+	ctx, cancel := context.WithCancel(context.Background())
+	done := windows(ctx, lims, 250, "hung", func(time.Duration) *tally { return &during })
+	defer func() { cancel(); done.Wait() }()
+	time.Sleep(500 * time.Millisecond)
+	require.NoError(t, srv.Pause())
+	paused := time.Now()
+	eventually(t, "every limiter degraded", func() bool {
+		for _, l := range lims {
+			if l.Mode() != ModeDegraded {
+				return false
+			}
+		}
+		return true
+	})
+	toDegraded := time.Since(paused)
+	time.Sleep(3*time.Second - toDegraded)
+	require.NoError(t, srv.Resume())
+	resumed := time.Now()
+	eventually(t, "every limiter healthy", func() bool { return allHealthy(lims) })
+	toHealthy := time.Since(resumed)
+	t.Logf("Redis paused 3 s, default clients: degraded %v after the pause, healthy %v after the resume; %d decisions, %.2f%% refused, %d errors",
+		toDegraded.Round(time.Millisecond), toHealthy.Round(time.Millisecond), during.offered.Load(), during.refusedPct(), during.errors.Load())
+	if toDegraded > time.Second || toHealthy > time.Second {
+		t.Fatalf("degraded %v after the pause, healthy %v after the resume; want each within 1 s", toDegraded, toHealthy)
+	}
+	if during.errors.Load() != 0 {
+		t.Fatalf("%d errors", during.errors.Load())
+	}
+}
