@@ -176,7 +176,11 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 		l.leaser.refillAsync(e)
 		return l.outage.decide(e, p, n, now), true, nil
 	}
-	until := e.releaseAt(now)
+	l.leaser.pace.catchUp(e, now)
+	if ok, left := l.leaser.spend(e, n); ok {
+		return l.admit(e, p, left, false), true, nil
+	}
+	until := e.readyFor(n, now)
 	// A cached refusal for as many tokens or fewer holds for n too; a
 	// smaller request may fit and asks the store.
 	until = max(until, e.refusedUntil(n, now))

@@ -92,15 +92,18 @@ func (e *entry) pendingUntil() mono {
 	return 0
 }
 
-// releaseAt returns when pending reservations next release tokens, at
-// least a moment after now (a late release timer may be overdue), or 0
-// when none are pending. A caller waits for that rather than ask the
-// store, which would only queue a grant behind them.
-func (e *entry) releaseAt(now mono) mono {
-	if until := e.pendingUntil(); until != 0 {
-		return max(until, now+1)
+// readyFor returns when n tokens can be spent on e as far as pending
+// reservations tell, at least a moment after now (a late release timer may
+// be overdue), or 0 when none are pending: the time the releases bring the
+// lease to n, or, when the reservations hold fewer, the last release plus
+// the time the bucket takes to produce the rest. A caller waits for that
+// rather than ask the store, which would only queue a grant behind them.
+func (e *entry) readyFor(n int64, now mono) mono {
+	r := e.rare.Load()
+	if r == nil || r.pace.next.Load() == 0 {
+		return 0
 	}
-	return 0
+	return max(r.pace.readyAt(max(n-e.lease.Tokens(), 1)), now+1)
 }
 
 // reserved returns the tokens pending reservations still hold.

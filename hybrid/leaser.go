@@ -106,9 +106,11 @@ var errSlowFlight = errs.Errorf("hybrid", "store slower than the store timeout: 
 
 // fetch asks the store for tokens for e, one flight per key: concurrent
 // callers share the call and its outcome. need is the request that could
-// not be served; 0 marks a background refill, which waits for the store as
+// not be served (0 marks a background refill, which waits for the store as
 // long as the refill timeout allows, while a synchronous caller waits at
-// most the store timeout (the flight goes on without it).
+// most the store timeout: the flight goes on without it); the store is
+// asked for what the lease lacks of it, so that a refusal's wait is for
+// those tokens and asking again then finds them.
 func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome, error) {
 	fn := func() (any, error) {
 		if !ls.bg.enter() {
@@ -150,13 +152,17 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	if need > 0 {
 		// A caller waits for tokens a reservation releases soon; a
 		// refill asks for the grant after it.
-		until = e.releaseAt(start)
+		until = e.readyFor(need, start)
 	}
-	until = max(until, e.refusedUntil(max(need, 1), start)) // a refusal for as many or fewer tokens
+	short := need
+	if need > 0 {
+		short = max(need-e.lease.Tokens(), 1) // the lease holds the rest
+	}
+	until = max(until, e.refusedUntil(max(short, 1), start)) // a refusal for as many or fewer tokens
 	if until > start {
 		return fetchOutcome{retry: until.sub(start), at: start}, nil
 	}
-	req := ls.request(e, p, need, start)
+	req := ls.request(e, p, short, start)
 	// Not the caller's context: joined callers share this call. Close ends
 	// it; the refill timeout bounds it.
 	cctx, cancel := context.WithTimeout(ls.bg.ctx, ls.cfg.refillTimeout)

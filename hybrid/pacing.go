@@ -105,6 +105,9 @@ func (rs *reservations) publishLocked() {
 	var next mono
 	var n int64
 	for _, r := range rs.list {
+		if r.delivered >= r.n {
+			continue // delivered ahead of its timer (catchUp); the timer ends it
+		}
 		if at := r.at(r.delivered + 1); next == 0 || at < next {
 			next = at
 		}
@@ -112,6 +115,40 @@ func (rs *reservations) publishLocked() {
 	}
 	rs.next.Store(next)
 	rs.held.Store(n)
+}
+
+// readyAt returns when k more tokens will have been released, merging
+// the pending reservations' release times; when they hold fewer than k,
+// the last release plus the rest at the bucket's pace (the step of the
+// last reservation). 0 when none are pending.
+func (rs *reservations) readyAt(k int64) mono {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if len(rs.list) == 0 {
+		return 0
+	}
+	next := make([]int64, len(rs.list)) // the next token of each to count
+	var last mono                       // when the last of them all is released
+	for i, r := range rs.list {
+		next[i] = r.delivered + 1
+		last = max(last, r.end)
+	}
+	for ; k > 0; k-- {
+		best := -1
+		for i, r := range rs.list {
+			if next[i] <= r.n && (best < 0 || r.at(next[i]) < rs.list[best].at(next[best])) {
+				best = i
+			}
+		}
+		if best < 0 { // all counted: the rest come at the bucket's pace
+			return last + mono(k*rs.list[len(rs.list)-1].step)
+		}
+		if k == 1 {
+			return rs.list[best].at(next[best])
+		}
+		next[best]++
+	}
+	return last
 }
 
 // depositor puts tokens into a key's lease, or gives them back to the
@@ -184,6 +221,33 @@ func (pc *pacer) releaseDue(e *entry, r *reservation) {
 	}
 	if done {
 		pc.bg.exit()
+	}
+}
+
+// catchUp releases what pending reservations owe at now, ahead of their
+// timers, which may fire a little late: a caller told to come back at a
+// release's time finds the tokens. Each timer still runs and ends its
+// reservation.
+func (pc *pacer) catchUp(e *entry, now mono) {
+	r := e.rare.Load()
+	if r == nil {
+		return
+	}
+	if next := r.pace.next.Load(); next == 0 || now < next {
+		return
+	}
+	rs := &r.pace
+	rs.mu.Lock()
+	var n int64
+	for _, x := range rs.list {
+		due := x.dueBy(now)
+		n += max(due-x.delivered, 0)
+		x.delivered = max(due, x.delivered)
+	}
+	rs.publishLocked()
+	rs.mu.Unlock()
+	if n > 0 {
+		pc.into.deposit(e, n, now)
 	}
 }
 

@@ -56,13 +56,27 @@ func (s *settlement) flush() {
 	s.requeue(s.send(ctx, items).Failed)
 }
 
-// sendNow settles everything queued at once (Close).
+// sendNow settles everything queued at once (Close). What the breaker
+// refuses is tried once on the store itself: the breaker may have opened
+// on slowness (a loaded machine, a slow moment of Redis) and this is the
+// last chance to give the tokens back. Without a deadline in ctx, that try
+// is bounded by the refill timeout.
 func (s *settlement) sendNow(ctx context.Context) error {
 	items := s.queue.Take()
 	if len(items) == 0 {
 		return nil
 	}
 	rep := s.send(ctx, items)
+	if len(rep.Failed) > 0 && ctx.Err() == nil {
+		tctx, cancel := ctx, context.CancelFunc(func() {})
+		if _, ok := ctx.Deadline(); !ok {
+			tctx, cancel = context.WithTimeout(ctx, s.cfg.refillTimeout)
+		}
+		direct := reconcile.Send(tctx, s.store.Unwrap(), rep.Failed, 0)
+		cancel()
+		s.account(len(rep.Failed), direct)
+		rep.Failed = direct.Failed
+	}
 	if len(rep.Failed) > 0 {
 		return errs.Errorf("hybrid", "close: %d of %d settlements failed: %w", len(rep.Failed), len(items), remote.ErrUnavailable)
 	}

@@ -229,3 +229,35 @@ func TestCachedRefusalOnlyForLargerRequests(t *testing.T) {
 		t.Fatalf("AllowN(1) after a refusal of 4 = %+v, %v; want admitted (tokens are there)", d, err)
 	}
 }
+
+// TestPacedRetryAfterIsForN: on a key at its limit, whose tokens arrive by
+// paced future-dated grants, a refusal's RetryAfter is the wait for the
+// caller's own n, not for the next release: asking again exactly then is
+// admitted (one process, nobody else takes the tokens).
+func TestPacedRetryAfterIsForN(t *testing.T) {
+	t.Parallel()
+	w := newFakeWorld()
+	l := w.limiter(t, Policy{Name: "paced-n", Limit: PerSecond(20)}) // a token every 50 ms
+	ctx := context.Background()
+	// Drain the bucket until the key runs on paced grants.
+	eventually(t, "a pending reservation", func() bool {
+		l.Allow(ctx, "k")
+		e := l.keys.load("k")
+		return e != nil && e.pendingUntil() != 0
+	})
+	for _, n := range []int64{3, 2, 5, 1} {
+		d, err := l.AllowN(ctx, "k", n)
+		require.NoError(t, err)
+		if d.Allowed {
+			continue // tokens were there: nothing to wait for
+		}
+		step := PerSecond(20).DurationFor(1)
+		if held := l.keys.load("k").lease.Tokens(); d.RetryAfter < time.Duration(n-held-1)*step {
+			t.Fatalf("AllowN(%d) with %d leased: RetryAfter %v, shorter than the %d more tokens take at 50 ms each", n, held, d.RetryAfter, n-held)
+		}
+		w.clk.Advance(d.RetryAfter)
+		if d2, err := l.AllowN(ctx, "k", n); err != nil || !d2.Allowed {
+			t.Fatalf("AllowN(%d) again after RetryAfter %v = %+v, %v; want admitted", n, d.RetryAfter, d2, err)
+		}
+	}
+}
