@@ -176,9 +176,10 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 		l.leaser.refillAsync(e)
 		return l.outage.decide(e, p, n, now), true, nil
 	}
-	l.leaser.pace.catchUp(e, now)
-	if ok, left := l.leaser.spend(e, n); ok {
-		return l.admit(e, p, left, false), true, nil
+	if l.leaser.pace.catchUp(e, now) {
+		if ok, left := l.leaser.spend(e, n); ok {
+			return l.admit(e, p, left, false), true, nil
+		}
 	}
 	until := e.readyFor(n, now)
 	// A cached refusal for as many tokens or fewer holds for n too; a

@@ -227,14 +227,14 @@ func (pc *pacer) releaseDue(e *entry, r *reservation) {
 // catchUp releases what pending reservations owe at now, ahead of their
 // timers, which may fire a little late: a caller told to come back at a
 // release's time finds the tokens. Each timer still runs and ends its
-// reservation.
-func (pc *pacer) catchUp(e *entry, now mono) {
+// reservation. It reports whether it deposited anything.
+func (pc *pacer) catchUp(e *entry, now mono) bool {
 	r := e.rare.Load()
 	if r == nil {
-		return
+		return false
 	}
 	if next := r.pace.next.Load(); next == 0 || now < next {
-		return
+		return false
 	}
 	rs := &r.pace
 	rs.mu.Lock()
@@ -249,6 +249,7 @@ func (pc *pacer) catchUp(e *entry, now mono) {
 	if n > 0 {
 		pc.into.deposit(e, n, now)
 	}
+	return n > 0
 }
 
 // cancel cancels e's reservations and returns how many tokens they had
