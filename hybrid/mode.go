@@ -133,7 +133,7 @@ func (l *Limiter) checkMode() {
 	switch {
 	case !t.changed():
 	case t.to == ModeDegraded:
-		l.outage.began()
+		l.outage.began(l.cfg.now())
 		// Reserved tokens fall due during the outage, which the degraded
 		// share already covers: spending them, or giving them back once
 		// the store answers (after the outage's debt is charged), would

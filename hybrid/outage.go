@@ -28,14 +28,16 @@ type outage struct {
 	// began; holdUntil (1 + its end, 0 = no hold) ends the recovery hold.
 	before    atomic.Int64
 	holdUntil atomicMono
-	// endedAt is when the last outage ended: a share bucket last used
-	// before then has refilled since and would grant a fresh burst on top
-	// of the bucket the store drew down meanwhile, so it is rebuilt.
-	endedAt atomicMono
+	// beganAt is when the last outage began: a share bucket last used
+	// before then belongs to an earlier one (or to slow calls before it),
+	// has refilled since and would grant a fresh burst on top of the
+	// bucket the store drew down meanwhile, so it is rebuilt, empty.
+	beganAt atomicMono
 }
 
-// began records the fleet size as an outage begins.
-func (o *outage) began() {
+// began records the fleet size and the time as an outage begins.
+func (o *outage) began(now mono) {
+	o.beganAt.Store(now)
 	if o.fleet != nil {
 		o.before.Store(o.count.Load())
 	}
@@ -48,7 +50,6 @@ func (o *outage) began() {
 // share, so that the fleet as a whole stays within the limit.
 // It reports whether the hold is on.
 func (o *outage) ended(now mono) bool {
-	o.endedAt.Store(now)
 	if o.fleet != nil && o.before.Load() > 1 && o.cfg.recoveryHold > 0 {
 		o.holdUntil.Store(now.add(o.cfg.recoveryHold) + 1)
 		return true
@@ -126,7 +127,7 @@ func (o *outage) decide(e *entry, p *policyState, n int64, now mono) Decision {
 // degradedBucket returns e's local GCRA at this process's share of the
 // limit (of the one bucket that keeps all the tier's limits, for shaped
 // policies), rebuilt when the policy or the fleet size changes and when
-// it was last used before the last outage ended (it has refilled since and
+// it was last used before the last outage began (it has refilled since and
 // would grant a fresh burst on top of the bucket); nil when
 // no share can be expressed (the outage then refuses: a share never falls
 // back to more than Rate/N).
@@ -138,20 +139,24 @@ func (o *outage) degradedBucket(e *entry, t *tierState, now mono) *local.Bucket 
 	x := &e.extra().down
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if x.bucket == nil || x.share != share || x.used < o.endedAt.Load() {
+	if x.bucket == nil || x.share != share || x.used < o.beganAt.Load() {
 		b, err := local.NewBucket(share)
 		if err != nil {
 			return nil // shareOf validated it; kept for safety, refusing
 		}
-		if e.answer.seen() {
-			// The key was in use when the store went away: its global
-			// bucket was likely drawn down, so the share starts empty and
-			// refills at its rate instead of granting a fresh burst.
-			b.Empty(int64(now))
-		}
 		// What a settlement charged was the old bucket's deficit; the new
 		// one starts from its own.
-		x.bucket, x.share, x.charged = b, share, 0
+		x.charged, x.chargedAt = 0, now
+		if e.answer.seen() || x.bucket != nil {
+			// The key was in use when the store went away: its global
+			// bucket was likely drawn down, so the share starts empty and
+			// refills at its rate instead of granting a fresh burst. That
+			// emptiness was never admitted: count it as charged, so a
+			// settlement charges admissions only.
+			b.Empty(int64(now))
+			x.charged = share.Burst
+		}
+		x.bucket, x.share = b, share
 	}
 	x.used = now
 	return x.bucket

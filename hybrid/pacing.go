@@ -205,7 +205,10 @@ func (pc *pacer) releaseDue(e *entry, r *reservation) {
 		pc.bg.exit() // cancelled: cancel returned what was not delivered
 		return
 	}
-	due := r.dueBy(now)
+	// Never below delivered: catchUp may have delivered with a later now
+	// than this callback read before taking the lock, and going back would
+	// deliver those tokens twice.
+	due := max(r.dueBy(now), r.delivered)
 	n := due - r.delivered
 	r.delivered = due
 	done := due >= r.n

@@ -299,29 +299,29 @@ func (t *policyTracker) refresh(ctx context.Context) error {
 // policy New was given and settles a difference by the precedence option:
 // it returns the record to adopt.
 func (t *policyTracker) compareWithCode(ctx context.Context, rec remote.PolicyRecord) (remote.PolicyRecord, error) {
-	if t.compared.Load() {
+	// Once: the first poll and the first lease may read the record at the
+	// same time.
+	if !t.compared.CompareAndSwap(false, true) {
 		return rec, nil
 	}
 	stored, code := policyFrom(t.code.Name, rec), t.code
 	code.Version = stored.Version
 	if stored.Equal(code) {
-		t.compared.Store(true)
 		return rec, nil
 	}
 	if t.cfg.precedence == PolicyFromCode {
 		code.Version = stored.Version + 1
 		next, _, err := t.records.SetPolicy(ctx, t.cfg.prefix, code.Name, newPolicyState(code, t.cfg).record())
 		if err != nil {
+			t.compared.Store(false) // the next read compares again
 			return rec, err
 		}
-		t.compared.Store(true)
 		t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
 			"leasehold: the policy in code differs from the store's record; publishing the code's as a new version (WithPolicyPrecedence)",
 			slog.String("policy", code.Name), slog.String("code", describePolicy(t.code)), slog.String("store", describePolicy(stored)),
 			slog.Uint64("version", next.Version))
 		return next, nil
 	}
-	t.compared.Store(true)
 	t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
 		"leasehold: the policy in code differs from the store's record; the record wins (WithPolicyPrecedence)",
 		slog.String("policy", code.Name), slog.String("code", describePolicy(t.code)), slog.String("store", describePolicy(stored)))

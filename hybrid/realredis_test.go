@@ -333,10 +333,15 @@ func TestRejectionsCostNoRoundTrips(t *testing.T) {
 		calls[i] = scriptCalls(t, admin)
 		offered[i] = off
 		bound := lim.Burst + lim.TokensIn(elapsed)
-		t.Logf("%d goroutines per limiter: offered %d, admitted %d (bound %d), %d script calls in Redis",
-			g, off, adm, bound, calls[i])
-		if adm > bound {
-			t.Fatalf("admitted %d > bound %d", adm, bound)
+		degraded := fleetStats(lims).Source(SourceDegraded).Admitted
+		t.Logf("%d goroutines per limiter: offered %d, admitted %d (bound %d), %d of them by the degraded share, %d script calls in Redis",
+			g, off, adm, bound, degraded, calls[i])
+		// As in TestExactBoundUnderLoad: decisions the store was too slow
+		// for (a CPU-starved run) are decided by the degraded share and
+		// charged later (DESIGN #10); the exact bound is for what the
+		// store granted. That slowness costs the bound is issue 22's.
+		if adm-degraded > bound {
+			t.Fatalf("admitted %d (%d by the degraded share) > bound %d", adm, degraded, bound)
 		}
 		for _, l := range lims {
 			require.NoError(t, l.Close(context.Background()))
