@@ -3,14 +3,16 @@ package hybrid
 import (
 	"context"
 	"errors"
-	"github.com/leasehold/leasehold/internal/keys"
+	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/keys"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/redis/go-redis/v9"
@@ -117,12 +119,25 @@ func TestClusterFailover(t *testing.T) {
 				}
 				return false
 			})
-			eventually(t, "every limiter healthy", func() bool { return allHealthy(lims) })
+			// Each limiter's mode changes after the promotion, for a failure
+			// to say which step was slow.
+			var steps []string
+			last := make([]Mode, len(lims))
+			eventually(t, "every limiter healthy", func() bool {
+				for i, l := range lims {
+					if m := l.Mode(); m != last[i] {
+						steps = append(steps, fmt.Sprintf("limiter %d %v at +%v (%d store calls, %d errors)",
+							i, m, time.Since(promoted).Round(time.Millisecond), l.Stats().StoreCalls, l.Stats().StoreErrors))
+						last[i] = m
+					}
+				}
+				return allHealthy(lims)
+			})
 			healthy := time.Since(promoted)
 			t.Logf("%s: promoted %v after the fault; every limiter healthy %v after the promotion; %d decisions, %.2f%% refused, %d errors",
 				how, promoted.Sub(cut).Round(time.Millisecond), healthy.Round(time.Millisecond), all.offered.Load(), all.refusedPct(), all.errors.Load())
 			if healthy > 2*time.Second {
-				t.Fatalf("limiters healthy %v after the promotion, want ≤ 2s", healthy)
+				t.Fatalf("limiters healthy %v after the promotion, want ≤ 2s; modes after it:\n%s", healthy, strings.Join(steps, "\n"))
 			}
 			if all.errors.Load() != 0 {
 				t.Fatalf("%d decisions returned errors", all.errors.Load())

@@ -4,16 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/leasehold/leasehold/internal/errs"
 	"log/slog"
 	"maps"
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/leasehold/leasehold/breaker"
+	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/remote"
 	"golang.org/x/sync/singleflight"
 )
@@ -196,9 +197,11 @@ type policyTracker struct {
 	follower policyFollower
 	unwatch  func() // stops pushes; set once by watch
 	// code is the policy New was given; compared once with the record
-	// (compared marks it done).
-	code     Policy
-	compared atomic.Bool
+	// (compared marks it done, compareMu makes a second reader wait for
+	// the first one's outcome).
+	code      Policy
+	compared  atomic.Bool
+	compareMu sync.Mutex
 }
 
 // policyFollower is told of every switch to a newer policy.
@@ -299,23 +302,31 @@ func (t *policyTracker) refresh(ctx context.Context) error {
 // policy New was given and settles a difference by the precedence option:
 // it returns the record to adopt.
 func (t *policyTracker) compareWithCode(ctx context.Context, rec remote.PolicyRecord) (remote.PolicyRecord, error) {
-	// Once: the first poll and the first lease may read the record at the
-	// same time.
-	if !t.compared.CompareAndSwap(false, true) {
+	if t.compared.Load() {
+		return rec, nil
+	}
+	// The first poll and the first lease may read the record at the same
+	// time: the second waits, so it never decides under the record the
+	// first one is replacing (adopt ignores its older version).
+	t.compareMu.Lock()
+	defer t.compareMu.Unlock()
+	if t.compared.Load() {
 		return rec, nil
 	}
 	stored, code := policyFrom(t.code.Name, rec), t.code
 	code.Version = stored.Version
 	if stored.Equal(code) {
+		t.compared.Store(true)
 		return rec, nil
 	}
 	if t.cfg.precedence == PolicyFromCode {
 		code.Version = stored.Version + 1
 		next, _, err := t.records.SetPolicy(ctx, t.cfg.prefix, code.Name, newPolicyState(code, t.cfg).record())
 		if err != nil {
-			t.compared.Store(false) // the next read compares again
-			return rec, err
+			return rec, err // the next read compares again
 		}
+		t.compared.Store(true)
+		t.adopt(policyFrom(code.Name, next))
 		t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
 			"leasehold: the policy in code differs from the store's record; publishing the code's as a new version (WithPolicyPrecedence)",
 			slog.String("policy", code.Name), slog.String("code", describePolicy(t.code)), slog.String("store", describePolicy(stored)),
@@ -325,6 +336,7 @@ func (t *policyTracker) compareWithCode(ctx context.Context, rec remote.PolicyRe
 	t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
 		"leasehold: the policy in code differs from the store's record; the record wins (WithPolicyPrecedence)",
 		slog.String("policy", code.Name), slog.String("code", describePolicy(t.code)), slog.String("store", describePolicy(stored)))
+	t.compared.Store(true)
 	return rec, nil
 }
 
