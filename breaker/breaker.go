@@ -296,6 +296,27 @@ func (s *Store) Debit(ctx context.Context, r remote.Request) (res remote.Result,
 	return res, err
 }
 
+// Grant asks the wrapped store for a capacity grant through the breaker;
+// it fails with remote.ErrNoGrants when that store keeps none.
+func (s *Store) Grant(ctx context.Context, r remote.GrantRequest) (g remote.Grant, err error) {
+	gs, ok := s.next.(remote.Granter)
+	if !ok {
+		return g, errs.Errorf("breaker", "%T: %w", s.next, remote.ErrNoGrants)
+	}
+	err = s.call(func() error { g, err = gs.Grant(ctx, r); return err })
+	return g, err
+}
+
+// Ungrant gives a capacity grant back through the breaker.
+func (s *Store) Ungrant(ctx context.Context, r remote.GrantRequest, unspent int64) (res remote.Result, err error) {
+	gs, ok := s.next.(remote.Granter)
+	if !ok {
+		return res, errs.Errorf("breaker", "%T: %w", s.next, remote.ErrNoGrants)
+	}
+	err = s.call(func() error { res, err = gs.Ungrant(ctx, r, unspent); return err })
+	return res, err
+}
+
 // Batch implements remote.Store. The batch counts as one call: it fails
 // when any reply reports the store unavailable.
 func (s *Store) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {

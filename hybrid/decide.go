@@ -32,6 +32,12 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 			}
 			return true
 		}
+		if h := e.held(); h != nil {
+			if res, ok := h.take(l.cfg.now(), 1); ok {
+				l.grantDecided(e, 1, res.Allowed)
+				return res.Allowed
+			}
+		}
 	}
 	d, _ := l.allowSlow(ctx, key, 1)
 	return d.Allowed
@@ -45,13 +51,48 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 // (remote.ErrCorruptState).
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
 	if n > 0 {
-		if e, ok, left := l.leased(key, n); ok {
+		e, ok, left := l.leased(key, n)
+		if ok {
 			t, now := l.policy.load().tier(e), l.cfg.now()
 			return Decision{Allowed: true, Limit: t.limits[0], Remaining: e.answer.remaining(t.est, left, now),
 				ResetAfter: e.answer.resetAfter(now), Source: SourceLease}, nil
 		}
+		if e != nil {
+			if d, ok := l.fromGrant(e, l.policy.load(), n, l.cfg.now()); ok {
+				return d, nil
+			}
+		}
 	}
 	return l.allowSlow(ctx, key, n)
+}
+
+// fromGrant decides n on e's capacity grant, if it holds a live one that
+// can: no store call, whatever the store's state.
+func (l *Limiter) fromGrant(e *entry, p *policyState, n int64, now mono) (Decision, bool) {
+	h := e.held()
+	if h == nil {
+		return Decision{}, false
+	}
+	res, ok := h.take(now, n)
+	if !ok {
+		return Decision{}, false
+	}
+	l.grantDecided(e, n, res.Allowed)
+	t := p.tier(e)
+	return Decision{Allowed: res.Allowed, Limit: t.limits[0], Remaining: e.answer.remaining(t.est, res.Remaining, now),
+		RetryAfter: res.RetryAfter, ResetAfter: e.answer.resetAfter(now), Source: SourceGrant}, true
+}
+
+// grantDecided counts a decision a grant made: an admission is activity of
+// the key (its entry's count), a refusal demand that the next renewal
+// asks for.
+func (l *Limiter) grantDecided(e *entry, n int64, allowed bool) {
+	if allowed {
+		e.admits.Add(1)
+		return
+	}
+	e.misses.Add(n)
+	l.stats.rejected[SourceGrant].Add(1)
 }
 
 // leased takes n tokens from the lease of key's entry, if the key is
@@ -133,6 +174,9 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 			return l.admit(e, p, left, round > 0), nil
 		}
 		now := l.cfg.now()
+		if d, ok := l.fromGrant(e, p, n, now); ok {
+			return d, nil
+		}
 		if d, ok, err := l.decideWithoutStore(e, p, n, now, round); ok {
 			return d, err
 		}

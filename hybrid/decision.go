@@ -21,6 +21,9 @@ const (
 	SourceFailOpen
 	// SourceFailClosed: the store is unavailable and the limiter rejects all.
 	SourceFailClosed
+	// SourceGrant: decided locally by the key's capacity grant (see
+	// WithCapacityLeases).
+	SourceGrant
 	numSources
 )
 
@@ -37,6 +40,8 @@ func (s Source) String() string {
 		return "fail-open"
 	case SourceFailClosed:
 		return "fail-closed"
+	case SourceGrant:
+		return "grant"
 	}
 	return fmt.Sprintf("Source(%d)", int(s))
 }

@@ -55,8 +55,9 @@ type answer struct {
 // rareState is the part of an entry that most keys never need. Each
 // concern's part is its own type with its own lock.
 type rareState struct {
-	pace reservations // the pacer's
-	down degradedKey  // the outage's
+	pace  reservations // the pacer's
+	down  degradedKey  // the outage's
+	grant grantState   // capacity's
 	// heldSince is, on a sliding window, the store time of the earliest
 	// grant whose tokens may still be in the lease: a return names it, so
 	// the window takes them back from where it counted them or earlier,
@@ -265,7 +266,7 @@ func (e *entry) idleSweep(activity int64, busy bool) int {
 // cached "empty until" answer.
 func (e *entry) busy(now mono) bool {
 	return e.lease.Tokens() > 0 || e.pendingUntil() != 0 || e.refilling.Load() || e.debt() != 0 ||
-		e.answer.emptyUntil.Load() > now
+		e.answer.emptyUntil.Load() > now || e.held() != nil
 }
 
 // demand estimates a key's token demand per second: a fast-attack,

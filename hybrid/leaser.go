@@ -34,6 +34,7 @@ type leaser struct {
 	// share is taken from.
 	outage  *outage
 	pace    pacer              // future-dated grants, released at the bucket's pace
+	grants  *capacity          // told each key's demand, to ask for capacity grants
 	flights singleflight.Group // keyed by user key only
 	offset  clock.Offset
 	lastOK  atomicMono // the last successful store reply
@@ -60,6 +61,9 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int6
 	e.mu.Lock()
 	rate := e.demand.observe(now, e.consumed()+e.misses.Load())
 	e.mu.Unlock()
+	if ls.grants != nil {
+		ls.grants.consider(e, p, rate, now)
+	}
 	horizon := ls.cfg.horizon
 	if p.hold > 0 {
 		horizon = min(horizon, p.life) // a window's lease lives that long

@@ -42,6 +42,7 @@ type Limiter struct {
 	modes  *modeTracker
 	bg     *background
 	stats  counters
+	grants capacity
 }
 
 // New returns a Limiter enforcing p on store. A store that is not already
@@ -76,6 +77,8 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 		settler: reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.bg.after, Jitter: rng.duration}}
 	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, settle: &l.settle, outage: l.outage}
 	l.leaser.pace = pacer{cfg: &l.cfg, bg: l.bg, stats: &l.stats, into: &l.leaser}
+	l.grants = capacity{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, holder: l.outage.id}
+	l.leaser.grants = &l.grants
 	l.start()
 	return l, nil
 }
@@ -252,6 +255,9 @@ func (l *Limiter) Close(ctx context.Context) error {
 	p := l.policy.load()
 	l.keys.each(func(e *entry) { l.release(p, e) })
 	l.bg.wait()
+	// Grants go back at once, with Close's deadline; a renewal that ended
+	// after the first pass may have installed one.
+	l.keys.each(func(e *entry) { l.grants.release(ctx, e, p) })
 	// Refills that finished after the first pass may have deposited.
 	l.releaseAll(l.keys.clear())
 	err := l.settle.sendNow(ctx)
@@ -264,6 +270,9 @@ func (l *Limiter) Close(ctx context.Context) error {
 // release settles what e holds under p: its lease, its reservations and
 // its outage debt (eviction, policy change, Close).
 func (l *Limiter) release(p *policyState, e *entry) {
+	if e.grantMode() {
+		l.bg.after(0, func() { l.grants.release(l.bg.ctx, e, p) })
+	}
 	items := l.leaser.release(p, e)
 	if d := e.takeDebt(); d > 0 {
 		items = append(items, debitItem(l.cfg.prefix, p, e, d))

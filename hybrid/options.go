@@ -42,6 +42,7 @@ type config struct {
 	seeded        bool
 	precedence    PolicyPrecedence
 	recoveryHold  time.Duration
+	grantTerm     time.Duration
 	epoch         time.Time // process clock origin of every mono value; set by New
 }
 
@@ -99,6 +100,7 @@ func (c *config) validate() error {
 		{c.hbInterval <= 0, fmt.Sprintf("heartbeat interval %v must be positive", c.hbInterval)},
 		{c.hbExpiry < c.hbInterval, fmt.Sprintf("heartbeat expiry %v below interval %v", c.hbExpiry, c.hbInterval)},
 		{c.recoveryHold < 0, fmt.Sprintf("recovery hold %v must not be negative", c.recoveryHold)},
+		{c.grantTerm != 0 && (c.grantTerm < 100*time.Millisecond || c.grantTerm > time.Hour), fmt.Sprintf("capacity lease term %v must be 0 or 100ms to 1h", c.grantTerm)},
 		{c.maxDelay < 0 || c.maxDelay >= c.leaseTTL, fmt.Sprintf("max reservation %v must be in [0, lease TTL %v)", c.maxDelay, c.leaseTTL)},
 	}
 	for _, ch := range checks {
@@ -200,6 +202,21 @@ func WithPolicyPoll(d time.Duration) Option {
 // is random.
 func WithSeed(seed uint64) Option {
 	return optionFunc(func(c *config) { c.seed, c.seeded = seed, true })
+}
+
+// WithCapacityLeases gives keys with sustained demand capacity grants
+// with the given term (see remote.Granter): a share of the rate, divided
+// among holders by their measured demand, spent locally with no store call
+// per admission or per batch and renewed every fifth of the term. A
+// process cut off from the store keeps admitting by its grant until the
+// term ends, so a partition shorter than the term admits nothing over the
+// limit; the price is that a crashed holder's grant stays counted until
+// its term ends (Close gives it back at once). 0 turns grants off. A
+// longer term rides out longer partitions and costs more after a crash:
+// 15 s covers a Redis failover (a few seconds) with two renewals to spare.
+// Sliding windows and several limits take no grants.
+func WithCapacityLeases(term time.Duration) Option {
+	return optionFunc(func(c *config) { c.grantTerm = term })
 }
 
 // WithRecoveryHold bounds how long a process whose store came back keeps

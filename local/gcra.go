@@ -116,3 +116,23 @@ func (l Limit) floorDuration(n int64) time.Duration {
 func (b *Bucket) Empty(now int64) {
 	b.tat.Store(now + int64(b.lim.floorDuration(b.lim.Burst)))
 }
+
+// Drain takes every token the bucket holds at now and returns how many
+// there were: a take racing with it gets either those tokens or none.
+func (b *Bucket) Drain(now int64) int64 {
+	empty := now + int64(b.lim.floorDuration(b.lim.Burst))
+	for {
+		tat := b.tat.Load()
+		n := b.remaining(max(tat-now, 0))
+		if n == 0 || b.tat.CompareAndSwap(tat, max(tat, empty)) {
+			return n
+		}
+	}
+}
+
+// SetTokens sets the bucket to hold n tokens at now (0 to Burst): it
+// refills from there at its rate.
+func (b *Bucket) SetTokens(now, n int64) {
+	n = min(max(n, 0), b.lim.Burst)
+	b.tat.Store(now + int64(b.lim.DurationFor(b.lim.Burst-n)))
+}

@@ -1,6 +1,8 @@
 package remote
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/exact"
@@ -21,6 +23,29 @@ type state struct {
 	burst   int64
 	rate    int64 // tokens every per µs, lowest terms
 	per     int64
+	// The capacity grants (the script keeps them in their own key), by
+	// expiry, and the part of the carry below per while they live: the
+	// carry then counts in per·grantUnits units (see refill).
+	grants []grantRec
+	gfrac  int64
+}
+
+// grantRec is one live capacity grant, as the script keeps it.
+type grantRec struct {
+	holder string
+	share  int64  // units of rate/grantUnits the bucket counts
+	burst  int64  // taken from the level when the grant began
+	exp    micros // store time the grant ends
+	want   int64  // the holder's last want, for the division
+}
+
+// gsum returns the grants' total share and burst.
+func (s *state) gsum() (share, burst int64) {
+	for _, g := range s.grants {
+		share += g.share
+		burst += g.burst
+	}
+	return share, burst
 }
 
 // idiv is floor division with a non-negative remainder, for b > 0.
@@ -41,7 +66,8 @@ func cdiv(a, b int64) int64 {
 	return q
 }
 
-// waitFor returns the µs until the level rises from `from` to `to`.
+// waitFor returns the µs until the level rises from `from` to `to` at the
+// bucket's full rate.
 func (s *state) waitFor(from, to int64) int64 {
 	if to <= from {
 		return 0
@@ -50,41 +76,97 @@ func (s *state) waitFor(from, to int64) int64 {
 	return q*s.per + cdiv(r*s.per-s.carry, s.rate)
 }
 
+// netWait is waitFor at the rate the live grants leave, as if they stay;
+// -1 when they leave nothing.
+func (s *state) netWait(from, to int64) int64 {
+	if len(s.grants) == 0 {
+		return s.waitFor(from, to)
+	}
+	if to <= from {
+		return 0
+	}
+	sh, _ := s.gsum()
+	r, p := s.rate*(grantUnits-sh), s.per*grantUnits
+	if r <= 0 {
+		return -1
+	}
+	q, rm := idiv(to-from, r)
+	return q*p + cdiv(rm*p-(s.carry*grantUnits+s.gfrac), r)
+}
+
+// seg refills elapsed µs at r tokens every p µs up to limit from carry c
+// and returns the new carry.
+func (s *state) seg(elapsed, r, p, limit, c int64) int64 {
+	if s.level >= limit {
+		return 0
+	}
+	if r <= 0 {
+		return c
+	}
+	q, rm := idiv(elapsed, p)
+	if q >= cdiv(limit-s.level, r) {
+		s.level = limit
+		return 0
+	}
+	t, c2 := idiv(rm*r+c, p)
+	s.level += q*r + t
+	if s.level >= limit {
+		s.level = limit
+		return 0
+	}
+	return c2
+}
+
+// refill brings the level to now: at the full rate without grants, else
+// piecewise between grant expiries at the rate and up to the cap the live
+// grants leave, each expired grant dropped at its expiry.
 func (s *state) refill(now micros) {
 	if now <= s.last {
 		return // same µs, or the store clock stepped back: wait for it
 	}
-	elapsed := now.since(s.last)
+	if len(s.grants) == 0 {
+		s.carry = s.seg(now.since(s.last), s.rate, s.per, s.burst, s.carry)
+		s.last = now
+		return
+	}
+	c := s.carry*grantUnits + s.gfrac
+	for len(s.grants) > 0 {
+		sh, b := s.gsum()
+		stop := min(now, s.grants[0].exp)
+		if stop > s.last {
+			c = s.seg(stop.since(s.last), s.rate*(grantUnits-sh), s.per*grantUnits, s.burst-b, c)
+			s.last = stop
+		}
+		if s.grants[0].exp > now {
+			break
+		}
+		s.grants = s.grants[1:]
+	}
+	s.carry, s.gfrac = idiv(c, grantUnits)
+	if len(s.grants) == 0 {
+		s.gfrac = 0
+		if now > s.last {
+			s.carry = s.seg(now.since(s.last), s.rate, s.per, s.burst, s.carry)
+		}
+	}
 	s.last = now
-	if s.level >= s.burst {
-		s.carry = 0
-		return
-	}
-	need := s.burst - s.level
-	q, r := idiv(elapsed, s.per)
-	if q >= cdiv(need, s.rate) {
-		s.level, s.carry = s.burst, 0
-		return
-	}
-	t, c := idiv(r*s.rate+s.carry, s.per)
-	s.level += q*s.rate + t
-	s.carry = c
-	if s.level >= s.burst {
-		s.level, s.carry = s.burst, 0
-	}
 }
 
 // apply runs op on the bucket at store time now (µs) and returns the new
 // state and the reply. It mirrors bucketLua step for step.
 func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros) (state, Result) {
 	stale := false
+	st.grants = slices.Clone(st.grants)
 	if !exists {
+		// Redis keeps grants in a key of their own, which outlives the
+		// bucket only if someone evicted the bucket: here both go together.
 		st = state{level: m.Burst, last: now, version: r.Version, burst: m.Burst, rate: m.Rate, per: m.Per}
 	} else if st.version > r.Version {
 		stale = true
 		st.refill(now)
 	} else if st.version < r.Version || st.burst != m.Burst || st.rate != m.Rate || st.per != m.Per {
 		st.refill(now)
+		st.grants, st.gfrac = nil, 0 // a new limit ends every grant
 		if st.level >= 0 {
 			used := min(st.burst-st.level, m.Burst)
 			st.level = m.Burst - used
@@ -94,22 +176,40 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 		st.refill(now)
 	}
 
-	var granted, delay, retry int64
+	var granted, delay, retry, rise int64
 	switch op {
 	case OpLease:
 		if !stale {
-			granted, delay, retry = st.lease(r)
+			granted, delay, retry = st.lease(r, now)
 		}
 		st.level -= granted
 	case OpReturn:
-		st.level = min(st.level+r.N, st.burst)
-		if st.level >= st.burst {
-			st.carry = 0
-		}
+		st.giveBack(r.N)
 	case OpDebit:
 		st.level = max(st.level-r.N, -maxDebt)
+	case opGrant:
+		if !stale {
+			granted, delay, retry, rise = st.grant(r, now)
+		}
+	case opUngrant:
+		if i := st.find(r.grant.holder); i >= 0 {
+			st.level += min(r.N, st.grants[i].burst)
+			st.grants = slices.Delete(st.grants, i, i+1)
+		}
+		st.giveBack(0)
 	}
+	// The bucket outlives every grant: absent means full, and full is
+	// only true once the grants are gone.
 	reset := st.waitFor(st.level, st.burst)
+	maxExp := now
+	for _, g := range st.grants {
+		maxExp = max(maxExp, g.exp)
+	}
+	reset += maxExp.since(now)
+	holders := len(st.grants)
+	if holders == 0 {
+		st.grants, st.gfrac = nil, 0 // the script deletes the grants key
+	}
 	return st, Result{
 		Granted:    granted,
 		Delay:      time.Duration(delay) * time.Microsecond,
@@ -120,32 +220,111 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 		Version:    st.version,
 		Stale:      stale,
 		Created:    !exists,
+		Holders:    holders,
+		riseDelay:  rise,
 	}
 }
 
+// giveBack adds n to the level, up to the cap the grants leave.
+func (st *state) giveBack(n int64) {
+	_, b := st.gsum()
+	st.level += n
+	if st.level >= st.burst-b {
+		st.level, st.carry, st.gfrac = st.burst-b, 0, 0
+	}
+}
+
+// find returns the index of holder's grant, or -1.
+func (st *state) find(holder string) int {
+	return slices.IndexFunc(st.grants, func(g grantRec) bool { return g.holder == holder })
+}
+
+// grant creates or renews r's holder's grant on the refilled bucket and
+// returns the share offered, the grant's burst and the tokens it took from
+// the level for the holder (all 0: no grant). The grant branch of
+// bucketLua.
+func (st *state) grant(r *Request, now micros) (share, burst, tokens, rise int64) {
+	g := r.grant
+	mine := st.find(g.holder)
+	if st.rate > maxGrantRatePer/st.per || (mine < 0 && int64(len(st.grants)) >= g.maxHolders) {
+		return 0, 0, 0, 0
+	}
+	sh, b := st.gsum()
+	want := r.N
+	wants := []int64{want}
+	sum := want
+	for i, x := range st.grants {
+		if i != mine {
+			wants = append(wants, x.want)
+			sum += x.want
+		}
+	}
+	alloc := want
+	if sum > grantUnits {
+		// Proportional share (Doorman), as bucketLua computes it.
+		e := grantUnits / int64(len(wants))
+		if want > e {
+			spare, excess := int64(grantUnits), int64(0)
+			for _, w := range wants {
+				if w <= e {
+					spare -= w
+				} else {
+					spare -= e
+					excess += w - e
+				}
+			}
+			alloc = e + spare*(want-e)/excess
+		}
+	}
+	if mine < 0 {
+		// Kept without a share, so that its want counts when others renew.
+		st.grants = append(st.grants, grantRec{holder: g.holder})
+		mine = len(st.grants) - 1
+	}
+	x := &st.grants[mine]
+	offer := min(alloc, grantUnits-(sh-x.share))
+	if offer > x.share && st.level < 0 {
+		// Spendable once what is out at the rate before is paid.
+		if rise = st.netWait(st.level, 0); rise < 0 {
+			offer, rise = x.share, 0
+		}
+	}
+	counted := max(offer, min(g.running, x.share))
+	if grow := min(g.burst-x.burst, st.burst-b); grow > 0 {
+		tokens = min(grow, max(st.level, 0))
+		st.level -= tokens
+		x.burst += grow
+	}
+	x.share, x.exp, x.want = counted, now.plus(g.term), want
+	burst = x.burst
+	slices.SortStableFunc(st.grants, func(a, b grantRec) int { return cmp.Compare(a.exp, b.exp) })
+	return offer, burst, tokens, rise
+}
 // lease decides a lease on the refilled bucket: n if there, else the level
 // if at least min, else n future-dated within maxdelay, else the level if
 // it covers need, else need future-dated, else a refusal with the wait for
 // need (all in µs). The lease branch of bucketLua.
-func (st *state) lease(r *Request) (granted, delay, retry int64) {
+func (st *state) lease(r *Request, now micros) (granted, delay, retry int64) {
 	switch {
 	case st.level >= r.N:
 		return r.N, 0, 0
 	case st.level >= r.Min:
 		return st.level, 0, 0
 	}
-	d := st.waitFor(st.level-r.N, 0)
-	dNeed := st.waitFor(st.level-r.Need, 0)
+	d := st.netWait(st.level-r.N, 0)
+	dNeed := st.netWait(st.level-r.Need, 0)
 	maxDelay := int64(r.MaxDelay / time.Microsecond)
 	switch {
-	case maxDelay > 0 && d <= maxDelay:
+	case maxDelay > 0 && d >= 0 && d <= maxDelay:
 		return r.N, d, 0
 	case st.level >= r.Need:
 		return st.level, 0, 0
-	case maxDelay > 0 && dNeed <= maxDelay:
+	case maxDelay > 0 && dNeed >= 0 && dNeed <= maxDelay:
 		return r.Need, dNeed, 0
+	case dNeed >= 0:
+		return 0, 0, dNeed
 	}
-	return 0, 0, dNeed
+	return 0, 0, st.grants[0].exp.since(now)
 }
 
 // ttl is how long a bucket key lives after a write: time to full plus a

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/exact"
 )
 
 // MemoryStore is a Store held in process memory, with the same integer
@@ -93,7 +94,12 @@ func (s *MemoryStore) do(ctx context.Context, op Op, r Request) (Result, error) 
 			return Result{}, err
 		}
 	}
-	key := bucketKey(&r)
+	return s.run(op, &r, m, ls), nil
+}
+
+// run applies a validated request (ls: a shaped request's limits).
+func (s *MemoryStore) run(op Op, r *Request, m exact.Micros, ls []shapeLimit) Result {
+	key := bucketKey(r)
 	now := micros(s.clk.Now().UnixMicro())
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -107,14 +113,14 @@ func (s *MemoryStore) do(ctx context.Context, op Op, r Request) (Result, error) 
 		if b.sh != nil {
 			st = *b.sh
 		}
-		st, res = applyShape(st.clone(), ok, op, &r, ls, now)
+		st, res = applyShape(st.clone(), ok, op, r, ls, now)
 		b = memBucket{sh: &st}
 	} else {
 		st := b.st
 		if b.sh != nil {
 			st = b.sh.toPlain(now)
 		}
-		st, res = apply(st, ok, op, &r, m, now)
+		st, res = apply(st, ok, op, r, m, now)
 		b = memBucket{st: st}
 	}
 	b.deadline = now.plus(ttl(res.ResetAfter).Microseconds())
@@ -122,7 +128,7 @@ func (s *MemoryStore) do(ctx context.Context, op Op, r Request) (Result, error) 
 	if s.mu.writes++; s.mu.writes >= max(4096, s.mu.live) {
 		s.expireLocked(now)
 	}
-	return res, nil
+	return res
 }
 
 // expireLocked drops expired buckets. It runs after as many writes as the

@@ -177,28 +177,32 @@ func (s *RedisStore) Debit(ctx context.Context, r Request) (Result, error) {
 }
 
 func (s *RedisStore) do(ctx context.Context, op Op, r Request) (Result, error) {
-	key, script, args, err := scriptArgs(op, &r)
+	keys, script, args, err := scriptArgs(op, &r)
 	if err != nil {
 		return Result{}, err
 	}
-	v, err := s.eval(ctx, script, key, args)
+	v, err := s.eval(ctx, script, keys, args)
 	if err != nil {
-		return Result{}, s.failed(key, err)
+		return Result{}, s.failed(keys[0], err)
 	}
-	return parseReply(key, v)
+	return parseReply(keys[0], v)
 }
 
-// eval runs script on key, through the autopipeliner when there is one,
-// and as EVAL when the server has lost the script.
-func (s *RedisStore) eval(ctx context.Context, script *redis.Script, key string, args []any) (any, error) {
+// eval runs script on keys (all in one slot), through the autopipeliner
+// when there is one, and as EVAL when the server has lost the script.
+func (s *RedisStore) eval(ctx context.Context, script *redis.Script, keys []string, args []any) (any, error) {
 	if s.ap == nil {
-		return script.Run(ctx, s.c, []string{key}, args...).Result()
+		return script.Run(ctx, s.c, keys, args...).Result()
 	}
-	cmd := redis.NewCmd(ctx, append([]any{"evalsha", script.Hash(), 1, key}, args...)...)
+	head := []any{"evalsha", script.Hash(), len(keys)}
+	for _, k := range keys {
+		head = append(head, k)
+	}
+	cmd := redis.NewCmd(ctx, append(head, args...)...)
 	err := s.ap.Submit(ctx, cmd).WaitContext(ctx)
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		// EVAL caches the script again for the next EVALSHA.
-		return script.Eval(ctx, s.c, []string{key}, args...).Result()
+		return script.Eval(ctx, s.c, keys, args...).Result()
 	}
 	if err != nil {
 		return nil, err
@@ -221,7 +225,7 @@ func (s *RedisStore) failed(key string, err error) error {
 // missing are sent again in a second pipeline as EVAL.
 func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 	out := make([]Reply, len(rs))
-	keys := make([]string, len(rs))
+	keys := make([][]string, len(rs))
 	scripts := make([]*redis.Script, len(rs))
 	args := make([][]any, len(rs))
 	cmds := make([]*redis.Cmd, len(rs))
@@ -232,7 +236,7 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 			out[i].Err = err
 			continue
 		}
-		cmds[i] = scripts[i].EvalSha(ctx, pipe, []string{keys[i]}, args[i]...)
+		cmds[i] = scripts[i].EvalSha(ctx, pipe, keys[i], args[i]...)
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // errors are read per command below
@@ -246,7 +250,7 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 			if retry == nil {
 				retry = s.c.Pipeline()
 			}
-			cmds[i] = scripts[i].Eval(ctx, retry, []string{keys[i]}, args[i]...)
+			cmds[i] = scripts[i].Eval(ctx, retry, keys[i], args[i]...)
 		}
 	}
 	if retry != nil {
@@ -258,30 +262,30 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 		}
 		v, err := cmd.Result()
 		if err != nil {
-			out[i].Err = s.failed(keys[i], err)
+			out[i].Err = s.failed(keys[i][0], err)
 			continue
 		}
-		out[i].Result, out[i].Err = parseReply(keys[i], v)
+		out[i].Result, out[i].Err = parseReply(keys[i][0], v)
 	}
 	return out
 }
 
-// scriptArgs validates r and returns its bucket key, the script that keeps
-// its bucket (bucketLua, or shapeLua for a shaped request) and the
-// script's arguments.
-func scriptArgs(op Op, r *Request) (string, *redis.Script, []any, error) {
+// scriptArgs validates r and returns its keys (the bucket's first), the
+// script that keeps its bucket (bucketLua, or shapeLua for a shaped
+// request) and the script's arguments.
+func scriptArgs(op Op, r *Request) ([]string, *redis.Script, []any, error) {
 	m, err := validate(op, r)
 	if err != nil {
-		return "", nil, nil, err
+		return nil, nil, nil, err
 	}
 	key := bucketKey(r)
 	if !r.shaped() {
-		return key, bucketScript, []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version,
+		return []string{key, grantsKey(r)}, bucketScript, []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version,
 			int64(r.MaxDelay / time.Microsecond), -maxDebt, TTLMargin.Milliseconds(), r.Need}, nil
 	}
 	ls, err := validateShape(op, r)
 	if err != nil {
-		return "", nil, nil, err
+		return nil, nil, nil, err
 	}
 	var since int64
 	if !r.Since.IsZero() {
@@ -297,7 +301,7 @@ func scriptArgs(op Op, r *Request) (string, *redis.Script, []any, error) {
 		}
 		args = append(args, kind, l.m.Rate, l.m.Per, l.m.Burst)
 	}
-	return key, shapeScript, args, nil
+	return []string{key}, shapeScript, args, nil
 }
 
 // classify wraps a Redis failure: foreign data in the key is
@@ -338,10 +342,10 @@ func unreachable(err error) bool {
 // script reply goes through it.
 func parseReply(key string, v any) (Result, error) {
 	vals, ok := v.([]any)
-	if !ok || len(vals) < 9 || len(vals) > 10 {
+	if !ok || len(vals) < 9 || len(vals) > 12 {
 		return Result{}, errs.Errorf("remote", "bucket %q: %w: reply %T of unexpected shape", key, ErrCorruptState, v)
 	}
-	var n [10]int64
+	var n [12]int64
 	for i, x := range vals {
 		switch x := x.(type) {
 		case int64:
@@ -356,7 +360,7 @@ func parseReply(key string, v any) (Result, error) {
 			return Result{}, errs.Errorf("remote", "bucket %q: %w: field %d is %T", key, ErrCorruptState, i, x)
 		}
 	}
-	if n[0] < 0 || n[1] < 0 || n[2] < 0 || n[3] < 0 || n[4] < 0 || n[6] < 0 || n[9] < 0 || n[9] >= maxLimits {
+	if n[0] < 0 || n[1] < 0 || n[2] < 0 || n[3] < 0 || n[4] < 0 || n[6] < 0 || n[9] < 0 || n[9] >= maxLimits || n[10] < 0 || n[11] < 0 {
 		return Result{}, errs.Errorf("remote", "bucket %q: %w: negative field in %v", key, ErrCorruptState, n)
 	}
 	return Result{
@@ -370,6 +374,8 @@ func parseReply(key string, v any) (Result, error) {
 		Stale:      n[7] == 1,
 		Created:    n[8] == 1,
 		Binding:    int(n[9]),
+		Holders:    int(n[10]),
+		riseDelay:  n[11],
 	}, nil
 }
 

@@ -1,6 +1,9 @@
 package remote
 
 import (
+	"strconv"
+	"strings"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leasehold/leasehold/internal/lua"
@@ -29,6 +32,29 @@ const luaPrelude = lua.Prelude
 // ARGV[9]  floor: the lowest level debt may take a bucket to (-maxDebt)
 // ARGV[10] margin: ms a key outlives its time to full (TTLMargin)
 // ARGV[11] need: fewest tokens that serve the caller, at most min
+// ARGV[12] holder: the capacity-grant holder (grant, ungrant)
+// ARGV[13] running: grant units the holder runs at now (grant)
+// ARGV[14] term: µs a grant lasts from this call (grant)
+// ARGV[15] maxholders: most grants the bucket keeps (grant)
+// ARGV[16] gburst: local burst a new grant takes from the level (grant)
+// KEYS[2]  the bucket's capacity grants, prefix{policy:key}:grants
+//
+// Capacity grants (see grants.go): a grant is a share s of the bucket's
+// rate, in units of 1/grantUnits, and a burst b, until exp (Redis TIME).
+// While grants live the bucket refills at rate·(G−Σs)/G up to burst−Σb,
+// piecewise: each grant gives its rate back from its own expiry. Its carry
+// then counts in per·G units, the part below per kept in the grants
+// record ("frac|id s b exp want|..."). "grant" creates or renews the
+// caller's grant by proportional share of the wants (n, in units); a new
+// grant's burst grows toward gburst while the grants' bursts fit Burst,
+// taking what the level holds of it as the holder's first tokens. A rate
+// falls only to what the holder says it runs at; it rises at once, but
+// while the level is negative (future-dated tokens or debt out, timed at
+// the rate the grants left) the rise may be spent only once the level
+// would be back at zero. The reply of a grant is {share, burst,
+// remaining, tokens, reset, now, version, stale, created, 0, holders,
+// rise delay}. "ungrant" gives back n unspent tokens (at most b) and the
+// rate from now. A new limit ends every grant.
 //
 // A lease never refuses while need tokens are there: it grants n, or the
 // level if at least min, or n future-dated within maxdelay, or the level
@@ -54,7 +80,7 @@ const luaPrelude = lua.Prelude
 // Errors: "LEASEHOLD_CORRUPT ..." when the key holds a foreign value or
 // another type (WRONGTYPE, caught with pcall so every server reports it the
 // same way).
-var bucketLua = luaPrelude + `
+var bucketLua = luaPrelude + strings.NewReplacer("GRANT_UNITS", strconv.Itoa(grantUnits), "MAX_GRANT_RATE_PER", strconv.FormatInt(maxGrantRatePer, 10)).Replace(`
 local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local minn = tonumber(ARGV[3])
@@ -66,9 +92,42 @@ local maxdelay = tonumber(ARGV[8])
 local floor = tonumber(ARGV[9])
 local margin = tonumber(ARGV[10])
 local need = tonumber(ARGV[11])
+local holder = ARGV[12] or ''
+local running = tonumber(ARGV[13] or '0')
+local term = tonumber(ARGV[14] or '0')
+local maxholders = tonumber(ARGV[15] or '0')
+local gburst = tonumber(ARGV[16] or '0')
+local G = GRANT_UNITS
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+local grants, gfrac, graw = {}, 0, nil
+if KEYS[2] then
+  graw = redis.pcall('GET', KEYS[2])
+  if type(graw) == 'table' and graw.err then
+    return redis.error_reply('LEASEHOLD_CORRUPT ' .. graw.err)
+  end
+  if graw then
+    local f, rest = string.match(graw, '^(%d+)(.*)$')
+    if not f or tonumber(f) >= G then return redis.error_reply('LEASEHOLD_CORRUPT grants record') end
+    gfrac = tonumber(f)
+    local total = 0
+    for part in string.gmatch(rest, '|([^|]*)') do
+      local id, gs, gb, ge, gw = string.match(part, '^(%S+) (%d+) (%d+) (%d+) (%d+)$')
+      if not id then return redis.error_reply('LEASEHOLD_CORRUPT grants record') end
+      grants[#grants + 1] = {id = id, s = tonumber(gs), b = tonumber(gb), exp = tonumber(ge), w = tonumber(gw)}
+      total = total + tonumber(gs)
+    end
+    if total > G then return redis.error_reply('LEASEHOLD_CORRUPT grants record') end
+    table.sort(grants, function(a, b) return a.exp < b.exp end)
+  end
+end
+local function gsum()
+  local S, B = 0, 0
+  for _, g in ipairs(grants) do S = S + g.s; B = B + g.b end
+  return S, B
+end
 
 local s = {}
 local function waitfor(from, to)
@@ -76,18 +135,54 @@ local function waitfor(from, to)
   local q, r = idiv(to - from, s.rate)
   return q * s.per + cdiv(r * s.per - s.carry, s.rate)
 end
+-- netwait is waitfor at the rate the live grants leave, as if they stay
+-- (-1: they leave nothing); future-dated tokens are never early when a
+-- grant ends sooner.
+local function netwait(from, to)
+  if #grants == 0 then return waitfor(from, to) end
+  if to <= from then return 0 end
+  local S = gsum()
+  local r, p = s.rate * (G - S), s.per * G
+  if r <= 0 then return -1 end
+  local q, rm = idiv(to - from, r)
+  return q * p + cdiv(rm * p - (s.carry * G + gfrac), r)
+end
+-- seg refills elapsed µs at r tokens every p µs up to cap from carry c,
+-- and returns the new carry.
+local function seg(elapsed, r, p, cap, c)
+  if s.level >= cap then return 0 end
+  if r <= 0 then return c end
+  local q, rm = idiv(elapsed, p)
+  if q >= cdiv(cap - s.level, r) then s.level = cap; return 0 end
+  local tk, c2 = idiv(rm * r + c, p)
+  s.level = s.level + q * r + tk
+  if s.level >= cap then s.level = cap; return 0 end
+  return c2
+end
 local function refill()
   if now <= s.last then return end
-  local elapsed = now - s.last
+  if #grants == 0 then
+    s.carry = seg(now - s.last, s.rate, s.per, s.burst, s.carry)
+    s.last = now
+    return
+  end
+  local c = s.carry * G + gfrac
+  while #grants > 0 do
+    local S, B = gsum()
+    local stop = math.min(now, grants[1].exp)
+    if stop > s.last then
+      c = seg(stop - s.last, s.rate * (G - S), s.per * G, s.burst - B, c)
+      s.last = stop
+    end
+    if grants[1].exp > now then break end
+    table.remove(grants, 1)
+  end
+  s.carry, gfrac = idiv(c, G)
+  if #grants == 0 then
+    gfrac = 0
+    if now > s.last then s.carry = seg(now - s.last, s.rate, s.per, s.burst, s.carry) end
+  end
   s.last = now
-  if s.level >= s.burst then s.carry = 0; return end
-  local need = s.burst - s.level
-  local q, r = idiv(elapsed, s.per)
-  if q >= cdiv(need, s.rate) then s.level = s.burst; s.carry = 0; return end
-  local tk, c = idiv(r * s.rate + s.carry, s.per)
-  s.level = s.level + q * s.rate + tk
-  s.carry = c
-  if s.level >= s.burst then s.level = s.burst; s.carry = 0 end
 end
 
 local stale = 0
@@ -126,7 +221,9 @@ end
 local created = 0
 if not raw then
   created = 1
-  s = {level = burst, carry = 0, last = now, version = version, burst = burst, rate = rate, per = per}
+  local _, B = gsum()
+  s = {level = burst - B, carry = 0, last = now, version = version, burst = burst, rate = rate, per = per}
+  gfrac = 0
 else
   local level, carry, last, ver, sburst, srate, sper =
     string.match(raw, '^(%-?%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
@@ -141,6 +238,7 @@ else
     refill()
   elseif s.version < version or s.burst ~= burst or s.rate ~= rate or s.per ~= per then
     refill()
+    grants = {}; gfrac = 0
     if s.level >= 0 then
       local used = s.burst - s.level
       if used > burst then used = burst end
@@ -152,38 +250,117 @@ else
   end
 end
 
-local granted, delay, retry = 0, 0, 0
+local granted, delay, retry, gdelay = 0, 0, 0, 0
 if op == 'lease' then
   if stale == 1 then
   elseif s.level >= n then granted = n
   elseif s.level >= minn then granted = s.level
   else
-    local d = waitfor(s.level - n, 0)
-    local dneed = waitfor(s.level - need, 0)
-    if maxdelay > 0 and d <= maxdelay then granted = n; delay = d
+    local d = netwait(s.level - n, 0)
+    local dneed = netwait(s.level - need, 0)
+    if maxdelay > 0 and d >= 0 and d <= maxdelay then granted = n; delay = d
     elseif s.level >= need then granted = s.level
-    elseif maxdelay > 0 and dneed <= maxdelay then granted = need; delay = dneed
-    else retry = dneed end
+    elseif maxdelay > 0 and dneed >= 0 and dneed <= maxdelay then granted = need; delay = dneed
+    elseif dneed >= 0 then retry = dneed
+    else retry = grants[1].exp - now end
   end
   s.level = s.level - granted
 elseif op == 'return' then
+  local _, B = gsum()
   s.level = s.level + n
-  if s.level >= s.burst then s.level = s.burst; s.carry = 0 end
+  if s.level >= s.burst - B then s.level = s.burst - B; s.carry = 0; gfrac = 0 end
 elseif op == 'debit' then
   s.level = s.level - n
   if s.level < floor then s.level = floor end
+elseif op == 'grant' then
+  local mine
+  for _, g in ipairs(grants) do if g.id == holder then mine = g end end
+  if stale == 0 and s.rate * s.per <= MAX_GRANT_RATE_PER and (mine or #grants < maxholders) then
+    local S, B = gsum()
+    -- Proportional share (Doorman): wants that fit are met; past
+    -- capacity, a want up to the equal share is met and the spare goes to
+    -- the rest in proportion to what they want beyond it.
+    local wants, sumw = {}, 0
+    for _, g in ipairs(grants) do
+      if g ~= mine then wants[#wants + 1] = g.w; sumw = sumw + g.w end
+    end
+    wants[#wants + 1] = n; sumw = sumw + n
+    local alloc = n
+    if sumw > G then
+      local e = math.floor(G / #wants)
+      if n > e then
+        local spare, excess = G, 0
+        for _, w in ipairs(wants) do
+          if w <= e then spare = spare - w else spare = spare - e; excess = excess + w - e end
+        end
+        alloc = e + math.floor(spare * (n - e) / excess)
+      end
+    end
+    if not mine then
+      -- A holder without a share yet is kept, so that its want counts
+      -- when the others renew.
+      mine = {id = holder, s = 0, b = 0}
+      grants[#grants + 1] = mine
+    end
+    local cur = mine.s
+    local offer = math.min(alloc, G - (S - cur))
+    if offer > cur and s.level < 0 then
+      -- Future-dated tokens or debt are out, timed at the rate the grants
+      -- leave now: the rise may be spent once they are paid.
+      gdelay = netwait(s.level, 0)
+      if gdelay < 0 then offer = cur; gdelay = 0 end
+    end
+    local counted = math.max(offer, math.min(running, cur))
+    -- The grant's burst grows to what was asked while the grants' bursts
+    -- fit Burst; the tokens it takes from the level are the holder's.
+    local grow = math.min(gburst - mine.b, s.burst - B)
+    local tokens = 0
+    if grow > 0 then
+      tokens = math.min(grow, math.max(s.level, 0))
+      s.level = s.level - tokens
+      mine.b = mine.b + grow
+    end
+    mine.s = counted; mine.exp = now + term; mine.w = n
+    granted = offer; delay = mine.b; retry = tokens
+  end
+elseif op == 'ungrant' then
+  for i, g in ipairs(grants) do
+    if g.id == holder then
+      table.remove(grants, i)
+      s.level = s.level + math.min(n, g.b)
+      break
+    end
+  end
+  local _, B = gsum()
+  if s.level >= s.burst - B then s.level = s.burst - B; s.carry = 0; gfrac = 0 end
 else
   return redis.error_reply('LEASEHOLD_BADOP ' .. tostring(op))
 end
 
+-- The key outlives every grant: absent means full, and full is only
+-- true once the grants are gone.
 local reset = waitfor(s.level, s.burst)
+local maxexp = now
+for _, g in ipairs(grants) do if g.exp > maxexp then maxexp = g.exp end end
+reset = reset + (maxexp - now)
 local ttl = math.floor(reset / 1000 + 0.5) + margin
 redis.call('SET', KEYS[1], string.format('%.0f %.0f %.0f %.0f %.0f %.0f %.0f',
   s.level, s.carry, s.last, s.version, s.burst, s.rate, s.per), 'PX', ttl)
+if #grants > 0 then
+  local parts = {string.format('%.0f', gfrac)}
+  for _, g in ipairs(grants) do
+    parts[#parts + 1] = string.format('%s %.0f %.0f %.0f %.0f', g.id, g.s, g.b, g.exp, g.w)
+  end
+  -- As long as the bucket: a refill after an expiry needs the record.
+  redis.call('SET', KEYS[2], table.concat(parts, '|'), 'PX', ttl)
+elseif graw then
+  redis.call('DEL', KEYS[2])
+end
 local remaining = s.level
 if remaining < 0 then remaining = 0 end
-return {granted, delay, remaining, retry, reset, now, s.version, stale, created}
-`
+local holders = #grants
+return {granted, delay, remaining, retry, reset, now, s.version, stale, created, 0, holders, gdelay}
+`)
 
 var bucketScript = redis.NewScript(bucketLua)
 

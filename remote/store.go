@@ -75,6 +75,10 @@ func (o Op) String() string {
 		return "return"
 	case OpDebit:
 		return "debit"
+	case opGrant:
+		return "grant"
+	case opUngrant:
+		return "ungrant"
 	}
 	return fmt.Sprintf("Op(%d)", int(o))
 }
@@ -129,6 +133,8 @@ type Request struct {
 	// Tier names which of a policy's tiers the key is under ("" for the
 	// policy's own limit); each tier's buckets are apart from the others'.
 	Tier string
+
+	grant *grantArgs // set for the grant operations (grants.go)
 }
 
 // Result is the bucket's answer.
@@ -161,6 +167,11 @@ type Result struct {
 	// for Also[i-1]. On a refusal it is the limit with the longest wait,
 	// otherwise the one with the fewest tokens left.
 	Binding int
+	// Holders is how many capacity grants the bucket keeps after the call
+	// (see Granter).
+	Holders int
+
+	riseDelay int64 // µs: a grant's rise is spendable that much later
 }
 
 // Reply is one answer of a Batch.

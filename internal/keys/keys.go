@@ -50,6 +50,7 @@ const (
 	kindWorld  = "world"  // region weights at a parent store (a hash)
 	kindRegion = "region" // a region's copy of the world's weight and its beat claim
 	kindPool   = "pool"   // a region's pool for one bucket
+	kindGrants = "grants" // a bucket's capacity grants
 )
 
 // Bucket returns the key of a bucket, prefix{policy:key}, or under a tier
@@ -63,6 +64,12 @@ func Bucket(prefix, policy, tier, key string) string {
 // so the pool lives in the bucket's slot, then ":pool".
 func Pool(prefix, policy, tier, key string) string {
 	return bucketTag(prefix, policy, tier, key, "}:"+kindPool)
+}
+
+// Grants returns the key of a bucket's capacity grants: the bucket's tag,
+// so both live in one slot and one script keeps them, then ":grants".
+func Grants(prefix, policy, tier, key string) string {
+	return bucketTag(prefix, policy, tier, key, "}:"+kindGrants)
 }
 
 // Policy returns the key of a policy's current record.

@@ -22,6 +22,7 @@ func TestEscaping(t *testing.T) {
 		{"percent", Bucket("", "p", "", "100%"), "leasehold:{p:100%25}"},
 		{"tier bucket", Bucket("", "api", "paid", "u:1"), "leasehold:{api%~paid:u:1}"},
 		{"pool", Pool("", "api", "paid", "u:1"), "leasehold:{api%~paid:u:1}:pool"},
+		{"grants", Grants("", "api", "", "u:1"), "leasehold:{api:u:1}:grants"},
 		{"policy", Policy("", "a:b"), "leasehold:{a%3Ab}:policy"},
 		{"fleet", Fleet("p:", "a"), "p:{a}:fleet"},
 		{"world", World("", "a"), "leasehold:{a}:world"},
@@ -61,6 +62,7 @@ func kinds(prefix, policy, tier, key string) []struct{ kind, key, suffix string 
 		{"shaped bucket", Bucket(prefix, policy, "", key), ""}, // one key, the value tells
 		{"tier bucket", Bucket(prefix, policy, tier, key), ""},
 		{"pool", Pool(prefix, policy, tier, key), ":" + kindPool},
+		{"grants", Grants(prefix, policy, tier, key), ":" + kindGrants},
 		{"policy", Policy(prefix, policy), ":" + kindPolicy},
 		{"fleet", Fleet(prefix, policy), ":" + kindFleet},
 		{"world", World(prefix, policy), ":" + kindWorld},

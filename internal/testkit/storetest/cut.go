@@ -51,3 +51,27 @@ func (c *Cut) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []re
 	}
 	return c.Store.Batch(ctx, op, rs)
 }
+
+// Grant implements remote.Granter when the wrapped store does.
+func (c *Cut) Grant(ctx context.Context, r remote.GrantRequest) (remote.Grant, error) {
+	g, ok := c.Store.(remote.Granter)
+	switch {
+	case !ok:
+		return remote.Grant{}, remote.ErrNoGrants
+	case c.Down.Load():
+		return remote.Grant{}, ErrCut
+	}
+	return g.Grant(ctx, r)
+}
+
+// Ungrant implements remote.Granter when the wrapped store does.
+func (c *Cut) Ungrant(ctx context.Context, r remote.GrantRequest, unspent int64) (remote.Result, error) {
+	g, ok := c.Store.(remote.Granter)
+	switch {
+	case !ok:
+		return remote.Result{}, remote.ErrNoGrants
+	case c.Down.Load():
+		return remote.Result{}, ErrCut
+	}
+	return g.Ungrant(ctx, r, unspent)
+}

@@ -1,0 +1,311 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasehold/leasehold/breaker"
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/local"
+	"github.com/leasehold/leasehold/remote"
+)
+
+// Capacity leases (WithCapacityLeases). A key with sustained demand asks
+// the store for a grant: a share of the rate and a small burst, for a term
+// on the store's clock (see remote.Granter). The process then spends the
+// grant with a local GCRA, with no store call per admission or per batch,
+// only a renewal every fifth of the term carrying the demand it measured.
+// The bucket refills everyone else with what the grants leave, so a holder
+// cut off from the store keeps admitting exactly by its grant until the
+// term ends, with nothing to charge later; then it falls to the outage
+// mode. A holder stops spending a margin before the store's expiry,
+// counted from when the request was sent.
+
+// holding is a key's grant as this process spends it.
+type holding struct {
+	bucket  *local.Bucket // at the grant's rate and burst
+	share   int64         // in units of Rate/remote.GrantUnits
+	until   mono          // stop spending then: before the store's expiry
+	version uint64        // the policy version it was granted under
+	admits  atomic.Int64  // decisions it admitted
+}
+
+// take decides n on the grant at now; decided is false once the grant has
+// ended or when n exceeds its burst (a lease may still serve n).
+func (h *holding) take(now mono, n int64) (res local.Result, decided bool) {
+	if now >= h.until {
+		return res, false
+	}
+	res, err := h.bucket.TakeAt(int64(now), n)
+	if err != nil {
+		return res, false
+	}
+	if res.Allowed {
+		h.admits.Add(1)
+	}
+	return res, true
+}
+
+// Defaults of capacity leases.
+const (
+	// grantDemandFor is how long a key's demand must stay above the
+	// threshold before it asks for a grant.
+	grantDemandFor = 300 * time.Millisecond
+	// grantHeadroom is how much above its measured demand a holder asks:
+	// room to grow, found at the next renewal.
+	grantHeadroom = 1.25
+)
+
+// capacity owns the limiter's grants: when a key asks, renewals, what a
+// holder spends, and giving grants back.
+type capacity struct {
+	cfg    *config
+	store  *breaker.Store
+	policy *policyTracker
+	bg     *background
+	stats  *counters
+	holder string // this limiter's name at the store
+	// off is set once the store or the policy's limit takes no grants:
+	// the version it was found for, so a policy change tries again.
+	off atomic.Uint64
+}
+
+// grantState is the part of an entry's rareState grants use.
+type grantState struct {
+	held    atomic.Pointer[holding]
+	asking  atomic.Bool // a grant call in flight
+	hotFrom atomicMono  // 1 + when demand rose above the threshold; 0: below
+	timer   clock.Timer // the next renewal; under entry.mu
+	nextAt  atomicMono  // when the next renewal is due
+	admits  atomic.Int64
+}
+
+// held returns e's live grant, or nil.
+func (e *entry) held() *holding {
+	if r := e.rare.Load(); r != nil {
+		return r.grant.held.Load()
+	}
+	return nil
+}
+
+// grantMode reports whether e holds or asks for a grant.
+func (e *entry) grantMode() bool {
+	r := e.rare.Load()
+	return r != nil && (r.grant.held.Load() != nil || r.grant.hotFrom.Load() != 0)
+}
+
+// enabled reports whether keys under p may hold grants.
+func (c *capacity) enabled(p *policyState) bool {
+	return c.cfg.grantTerm > 0 && !p.shaped && c.off.Load() != p.Version
+}
+
+// consider is told a key's demand (tokens per second, at a lease sizing)
+// and starts a grant request once the demand has held for grantDemandFor
+// above what makes a grant worth it: an even part of the rate among the
+// most holders a bucket keeps.
+func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
+	if !c.enabled(p) {
+		return
+	}
+	lim := p.tier(e).limits[0]
+	perSec := float64(lim.Rate) / lim.Period.Seconds()
+	g := &e.extra().grant
+	if rate < max(perSec/float64(2*remote.DefaultMaxHolders), 1) {
+		g.hotFrom.Store(0)
+		return
+	}
+	from := g.hotFrom.Load()
+	if from == 0 {
+		g.hotFrom.Store(now + 1)
+		return
+	}
+	if now.sub(from-1) >= grantDemandFor && e.held() == nil && !g.asking.Load() && now >= g.nextAt.Load() {
+		c.askAsync(e, 0)
+	}
+}
+
+// askAsync asks for (or renews) e's grant after d, one call at a time.
+func (c *capacity) askAsync(e *entry, d time.Duration) {
+	g := &e.extra().grant
+	if d <= 0 {
+		if !g.asking.CompareAndSwap(false, true) {
+			return
+		}
+		if c.bg.after(0, func() { defer g.asking.Store(false); c.ask(e) }) == nil {
+			g.asking.Store(false)
+		}
+		return
+	}
+	g.nextAt.Store(c.cfg.now().add(d))
+	t := c.bg.after(d, func() { c.askAsync(e, 0) })
+	if t == nil {
+		return
+	}
+	e.mu.Lock()
+	old := g.timer
+	g.timer = t
+	e.mu.Unlock()
+	if old != nil {
+		old.Stop()
+	}
+}
+
+// request builds e's grant request under p with the demand it measured.
+func (c *capacity) request(e *entry, p *policyState, cur *holding) remote.GrantRequest {
+	t := p.tier(e)
+	lim := t.limits[0]
+	e.mu.Lock()
+	rate := float64(e.demand.rate)
+	e.mu.Unlock()
+	perSec := float64(lim.Rate) / lim.Period.Seconds()
+	want := int64(math.Ceil(rate * grantHeadroom / perSec * remote.GrantUnits))
+	r := remote.GrantRequest{Request: p.request(c.cfg.prefix, e), Holder: c.holder,
+		Want: min(max(want, 1), remote.GrantUnits), Term: c.cfg.grantTerm,
+		// Half of Burst at most for all grants together: the bucket keeps
+		// room for those without one.
+		Burst: max(lim.Burst/(2*remote.DefaultMaxHolders), 1)}
+	if cur != nil && cur.version == p.Version {
+		r.Running = cur.share
+	}
+	return r
+}
+
+// ask makes one grant call for e and installs what it gets; it schedules
+// the next renewal, or, once the key's demand has gone, gives the grant
+// back.
+func (c *capacity) ask(e *entry) {
+	p := c.policy.load()
+	cur := e.held()
+	g := &e.extra().grant
+	if cur != nil {
+		// A holder leases nothing: its demand is what the grant admitted
+		// and refused.
+		e.mu.Lock()
+		rate := e.demand.observe(c.cfg.now(), e.consumed()+e.misses.Load()+g.admits.Load()+cur.admits.Load())
+		e.mu.Unlock()
+		c.consider(e, p, rate, c.cfg.now())
+	}
+	if !c.enabled(p) || g.hotFrom.Load() == 0 {
+		c.release(c.bg.ctx, e, p)
+		return
+	}
+	req := c.request(e, p, cur)
+	sent := c.cfg.now()
+	ctx, cancel := context.WithTimeout(c.bg.ctx, c.cfg.refillTimeout)
+	gr, err := c.store.Grant(ctx, req)
+	cancel()
+	if !errors.Is(err, breaker.ErrOpen) {
+		c.stats.storeCalls.Add(1)
+	}
+	switch {
+	case errors.Is(err, remote.ErrNoGrants):
+		c.off.Store(p.Version)
+		return
+	case err != nil:
+		c.stats.storeErrors.Add(1)
+		// Keep spending the grant until its end; try again soon.
+		if cur != nil && c.cfg.now() < cur.until {
+			c.askAsync(e, c.cfg.grantTerm/10)
+		}
+		return
+	case gr.Stale:
+		return // the policy moved on: adopted releases the grant
+	}
+	if gr.RiseAfter > 0 && gr.Share > req.Running {
+		// The bucket had future-dated tokens out: spend at the share
+		// before (the grant in hand, or leases) until they are paid.
+		c.bg.after(gr.RiseAfter, func() { c.install(e, p, e.held(), gr, sent) })
+	} else {
+		c.install(e, p, cur, gr, sent)
+	}
+	switch {
+	case gr.Share < req.Running:
+		// Lowered: this process spends the lower share from now; say so
+		// at once, so the store counts it and others may have the rest.
+		c.askAsync(e, confirmAfter)
+	case gr.Share == 0:
+		c.askAsync(e, c.cfg.grantTerm/10) // kept waiting: ask again soon
+	default:
+		c.askAsync(e, c.cfg.grantTerm/renewals)
+	}
+}
+
+// renewals is how many renewals a term spans: a holder that misses one
+// (or a few) keeps its grant, and a newcomer's want reaches every holder
+// within a fifth of the term.
+const renewals = 5
+
+// confirmAfter is how soon a holder whose share was lowered tells the
+// store it runs at the lower share.
+const confirmAfter = 5 * time.Millisecond
+
+// install makes g, sent at sent, e's grant: the tokens the old grant held
+// (drained, so no decision spends them twice) and the new grant's first
+// tokens go into a GCRA at the new rate.
+func (c *capacity) install(e *entry, p *policyState, cur *holding, g remote.Grant, sent mono) {
+	lim := p.tier(e).limits[0]
+	now := c.cfg.now()
+	var carried int64
+	if cur != nil {
+		carried = cur.bucket.Drain(int64(now))
+	}
+	if g.Share <= 0 || g.Burst <= 0 {
+		e.extra().grant.held.Store(nil) // kept as a holder with nothing yet: lease meanwhile
+		return
+	}
+	b, err := local.NewBucket(local.Limit{Rate: lim.Rate * g.Share, Period: lim.Period * remote.GrantUnits, Burst: g.Burst})
+	if err != nil {
+		c.off.Store(p.Version)
+		return
+	}
+	b.SetTokens(int64(now), carried+g.Tokens)
+	// The store's expiry is its TIME at the call plus the term, and its
+	// TIME was read after the request left: stop a margin before the term
+	// counted from the send (clock rates drift by parts per million).
+	until := sent.add(g.Term - g.Term/100 - time.Millisecond)
+	h := &holding{bucket: b, share: g.Share, until: until, version: p.Version}
+	if cur != nil {
+		h.admits.Store(cur.admits.Load())
+	}
+	e.extra().grant.held.Store(h)
+}
+
+// release gives e's grant back at once (Close, eviction, policy or tier
+// change, demand gone): the unspent tokens of its burst go back and its
+// rate is the bucket's again from now.
+func (c *capacity) release(ctx context.Context, e *entry, p *policyState) {
+	r := e.rare.Load()
+	if r == nil {
+		return
+	}
+	g := &r.grant
+	e.mu.Lock()
+	t := g.timer
+	g.timer = nil
+	e.mu.Unlock()
+	if t != nil {
+		t.Stop()
+	}
+	h := g.held.Swap(nil)
+	hot := g.hotFrom.Load() != 0
+	g.hotFrom.Store(0)
+	if h == nil && !hot {
+		return
+	}
+	var unspent int64
+	if h != nil {
+		unspent = h.bucket.Drain(int64(c.cfg.now()))
+		g.admits.Add(h.admits.Load())
+	}
+	req := c.request(e, p, h)
+	if h != nil && h.version != p.Version {
+		req.Version = h.version
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.refillTimeout)
+	defer cancel()
+	// A failure leaves the grant to expire at its term.
+	_, _ = c.store.Ungrant(ctx, req, unspent)
+}

@@ -1,0 +1,177 @@
+package hybrid
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/testkit/storetest"
+	"github.com/leasehold/leasehold/remote"
+	"github.com/stretchr/testify/require"
+)
+
+// sourced is an admission and what decided it.
+type sourced struct {
+	admission
+	src Source
+}
+
+// spinAll runs g goroutines per limiter calling AllowN on key until stop
+// is closed, and returns every admission, whatever decided it.
+func spinAll(lims []*Limiter, g int, key string, stop <-chan struct{}) func() []sourced {
+	var mu sync.Mutex
+	var all []sourced
+	var wg sync.WaitGroup
+	var done atomic.Bool
+	go func() { <-stop; done.Store(true) }()
+	for _, l := range lims {
+		for range g {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var mine []sourced
+				for !done.Load() {
+					asked := time.Now()
+					if d, _ := l.AllowN(context.Background(), key, 1); d.Allowed {
+						mine = append(mine, sourced{admission{asked, time.Now()}, d.Source})
+						continue
+					}
+					runtime.Gosched()
+				}
+				mu.Lock()
+				all = append(all, mine...)
+				mu.Unlock()
+			}()
+		}
+	}
+	return func() []sourced {
+		wg.Wait()
+		slices.SortFunc(all, func(a, b sourced) int { return a.asked.Compare(b.asked) })
+		return all
+	}
+}
+
+func admissionsOf(s []sourced) []admission {
+	out := make([]admission, len(s))
+	for i, x := range s {
+		out[i] = x.admission
+	}
+	return out
+}
+
+// between counts the admissions asked in [from, to).
+func between(s []sourced, from, to time.Time) (n int64, bySource map[Source]int64) {
+	bySource = map[Source]int64{}
+	for _, x := range s {
+		if !x.asked.Before(from) && x.asked.Before(to) {
+			n++
+			bySource[x.src]++
+		}
+	}
+	return n, bySource
+}
+
+// TestCapacityLeasesAtLimit: 4 limiters with their own clients, 16
+// goroutines each, hammer one key of 2 000/s burst 200 for 4 s including
+// start-up, with capacity leases. Grants keep the bound in every window,
+// use ≥ 95% of it, and cost at most 3 store calls per 1 000 admitted.
+func TestCapacityLeasesAtLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("4 s of load per case")
+	}
+	lim := Limit{Rate: 2000, Period: time.Second, Burst: 200}
+	for _, tc := range backends("grant-at-limit", "tenant:{9}:grant") {
+		t.Run(tc.name, func(t *testing.T) {
+			lims := newFleet(t, 4, runPolicy("grants-"+tc.name, lim), tc.dial, WithCapacityLeases(10*time.Second))
+			stop := make(chan struct{})
+			start := time.Now()
+			collect := spinAll(lims, 16, tc.key, stop)
+			time.Sleep(4 * time.Second)
+			close(stop)
+			adm := collect()
+			elapsed := time.Since(start)
+			s := fleetStats(lims)
+			got, bound := int64(len(adm)), lim.Burst+lim.TokensIn(elapsed)
+			perK := 1000 * float64(s.StoreCalls) / float64(got)
+			worst, _, at := worstWindow(admissionsOf(adm), lim, start)
+			_, by := between(adm, start, start.Add(time.Hour))
+			t.Logf("%s: admitted %d of bound %d (%.1f%%), %d store calls = %.2f per 1000 admitted, worst window %+d tokens vs its bound (at %v); by source %v",
+				tc.name, got, bound, 100*float64(got)/float64(bound), s.StoreCalls, perK, worst, at.Round(time.Millisecond), by)
+			if worst > 0 {
+				t.Fatalf("a window admitted %d more than Burst + Rate·w", worst)
+			}
+			if float64(got) < 0.95*float64(bound) {
+				t.Fatalf("admitted %d < 95%% of bound %d", got, bound)
+			}
+			if perK > 3 {
+				t.Fatalf("%.2f store calls per 1000 admitted, want ≤ 3", perK)
+			}
+		})
+	}
+}
+
+// TestCapacityLeasesPartition: 6 limiters share a key of 1 000/s burst
+// 100 on one real Redis, each at more than the whole limit. Two of them
+// are cut off from Redis for 4 s, shorter than the 10 s term, while the
+// other four keep it. The cut-off ones spend their grants; the bucket
+// refills the others with what the grants leave: no window over the
+// bound, before, during or after the cut.
+func TestCapacityLeasesPartition(t *testing.T) {
+	if testing.Short() {
+		t.Skip("9 s of load")
+	}
+	lim := Limit{Rate: 1000, Period: time.Second, Burst: 100}
+	c := standaloneDial(t)
+	cuts := make([]*storetest.Cut, 6)
+	lims := make([]*Limiter, 6)
+	p := runPolicy("partition", lim)
+	for i := range lims {
+		cuts[i] = &storetest.Cut{Store: remote.NewRedis(c)}
+		l, err := New(cuts[i], p, quiet, WithCapacityLeases(10*time.Second), WithFleetSize(6))
+		require.NoError(t, err)
+		lims[i] = l
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+	}
+	stop := make(chan struct{})
+	start := time.Now()
+	collect := spinAll(lims, 4, "partitioned", stop)
+	time.Sleep(5 * time.Second)
+	cutAt := time.Now()
+	cuts[0].Down.Store(true)
+	cuts[1].Down.Store(true)
+	time.Sleep(4 * time.Second)
+	healAt := time.Now()
+	cuts[0].Down.Store(false)
+	cuts[1].Down.Store(false)
+	time.Sleep(2 * time.Second)
+	close(stop)
+	adm := collect()
+	end := time.Now()
+
+	during, by := between(adm, cutAt, healAt)
+	duringBound := lim.Burst + lim.TokensIn(healAt.Sub(cutAt))
+	total := int64(len(adm))
+	totalBound := lim.Burst + lim.TokensIn(end.Sub(start))
+	worst, settled, at := worstWindow(admissionsOf(adm), lim, start.Add(time.Second))
+	t.Logf("cut 2 of 6 for %v: admitted %d during the cut against a bound of %d (%+.2f%%), by source %v; whole run %d of %d (%.1f%%); worst window %+d (at %v), %+d after the first second",
+		healAt.Sub(cutAt).Round(time.Millisecond), during, duringBound, 100*float64(during-duringBound)/float64(duringBound), by,
+		total, totalBound, 100*float64(total)/float64(totalBound), worst, at.Round(time.Millisecond), settled)
+	if float64(during) > 1.01*float64(duringBound) {
+		t.Fatalf("admitted %d during the cut, over the bound %d by more than 1%%", during, duringBound)
+	}
+	if float64(total) < 0.95*float64(totalBound) {
+		t.Fatalf("admitted %d of %d: under 95%%", total, totalBound)
+	}
+	if by[SourceDegraded] > 0 {
+		t.Fatalf("%d decided by the degraded share: a grant should have served the cut-off limiters", by[SourceDegraded])
+	}
+	if settled > 0 {
+		t.Fatalf("a window after the first second admitted %d over Burst + Rate·w", settled)
+	}
+	_ = fmt.Sprint
+}

@@ -1,0 +1,272 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
+	"github.com/leasehold/leasehold/local"
+)
+
+// TestGrantTwinsAgree runs random sequences of leases, returns, debits,
+// grants and ungrants by three holders on the script and on its Go twin,
+// with terms short enough that grants expire between and within steps, and
+// policy changes that end every grant.
+func TestGrantTwinsAgree(t *testing.T) {
+	t.Run("miniredis", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		start := time.Unix(1_700_000_000, 123_456_000)
+		clk := clock.NewManual(start)
+		mr.SetTime(start)
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		t.Cleanup(func() { _ = c.Close() })
+		grantTwinSequences(t, c, clk, 120, func(time.Time) {}, func(r *rand.Rand) {
+			steps := []time.Duration{time.Microsecond, 3 * time.Millisecond, 90 * time.Millisecond, 700 * time.Millisecond, 4 * time.Second}
+			d := steps[r.IntN(len(steps))]
+			clk.Advance(d)
+			mr.SetTime(clk.Now())
+			mr.FastForward(d)
+		})
+	})
+	t.Run("redis", func(t *testing.T) {
+		c := redistest.Standalone(t).Client(t)
+		clk := clock.NewManual(time.Unix(0, 0))
+		grantTwinSequences(t, c, clk, 30, func(now time.Time) { clk.AdvanceTo(now) }, func(*rand.Rand) {})
+	})
+}
+
+func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual, seqs int, at func(time.Time), step func(*rand.Rand)) {
+	t.Helper()
+	lua, mem := NewRedis(c), NewMemory(clk)
+	ctx := context.Background()
+	run := fmt.Sprint(time.Now().UnixNano())
+	r := rand.New(rand.NewPCG(21, 21))
+	randLimit := func() local.Limit {
+		periods := []time.Duration{time.Second, 100 * time.Millisecond, time.Minute, 1500 * time.Millisecond}
+		return local.Limit{Rate: 1 + r.Int64N(3000), Period: periods[r.IntN(len(periods))], Burst: 1 + r.Int64N(400)}
+	}
+	holders := []string{"a", "b.2", "c:3"}
+	for seq := range seqs {
+		lim, version := randLimit(), uint64(1)
+		key := fmt.Sprintf("gseq-%s-%d", run, seq)
+		before := ""
+		for i := range 60 {
+			if r.IntN(20) == 0 {
+				lim, version = randLimit(), version+1
+			}
+			req := Request{Policy: "gtwins", Key: key, Limit: lim, Version: version, N: 1 + r.Int64N(lim.Burst)}
+			req.Need = 1 + r.Int64N(req.N)
+			req.Min = req.Need + r.Int64N(req.N-req.Need+1)
+			if r.IntN(2) == 0 {
+				req.MaxDelay = time.Duration(r.Int64N(int64(2*time.Second))) / time.Microsecond * time.Microsecond
+			}
+			g := GrantRequest{Request: req, Holder: holders[r.IntN(len(holders))], Want: 1 + r.Int64N(GrantUnits),
+				Running: r.Int64N(GrantUnits + 1), Burst: 1 + r.Int64N(50),
+				Term: time.Duration(1+r.Int64N(3000)) * time.Millisecond, MaxHolders: 1 + r.IntN(3)}
+			unspent := r.Int64N(60)
+			op := []Op{OpLease, OpLease, OpReturn, OpDebit, opGrant, opGrant, opGrant, opUngrant}[r.IntN(8)]
+			call := func(s interface {
+				Store
+				Granter
+			}) (Result, error) {
+				switch op {
+				case OpReturn:
+					return s.Return(ctx, req)
+				case OpDebit:
+					return s.Debit(ctx, req)
+				case opGrant:
+					got, err := s.Grant(ctx, g)
+					got.Result.Granted, got.Result.Delay, got.Result.RetryAfter = got.Share, time.Duration(got.Burst)*time.Microsecond, time.Duration(got.Tokens)*time.Microsecond
+					got.Result.riseDelay = got.RiseAfter.Microseconds()
+					return got.Result, err
+				case opUngrant:
+					return s.Ungrant(ctx, g, unspent)
+				}
+				return s.Lease(ctx, req)
+			}
+			got, gerr := call(lua)
+			if gerr == nil {
+				at(got.Now)
+			}
+			want, werr := call(mem)
+			if gerr != nil || werr != nil {
+				if errors.Is(gerr, ErrNoGrants) && errors.Is(werr, ErrNoGrants) {
+					continue
+				}
+				t.Fatalf("seq %d step %d %v %+v: lua error %v, Go error %v", seq, i, op, g, gerr, werr)
+			}
+			if got != want {
+				t.Fatalf("seq %d step %d %v %+v:\n lua %+v\n  Go %+v\n state before %s", seq, i, op, g, got, want, before)
+			}
+			l, m := luaGrantState(t, c, &req), memGrantState(mem, &req)
+			if l != m {
+				t.Fatalf("seq %d step %d %v %+v: state\n lua %s\n  Go %s", seq, i, op, g, l, m)
+			}
+			before = l
+			step(r)
+		}
+	}
+}
+
+// TestGrantDivision: the store divides its rate by proportional share of
+// the wants, never hands out more than the rate, gives a newcomer free
+// capacity at once and its fair share once the others have renewed twice.
+func TestGrantDivision(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	s := NewMemory(clk)
+	ctx := context.Background()
+	lim := local.Limit{Rate: 1000, Period: time.Second, Burst: 100}
+	ask := func(key, holder string, want, running int64) Grant {
+		t.Helper()
+		g, err := s.Grant(ctx, GrantRequest{Request: Request{Policy: "div", Key: key, Limit: lim, Version: 1},
+			Holder: holder, Want: want, Running: running, Burst: 10, Term: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	t.Run("equal wants, equal grants", func(t *testing.T) {
+		got := map[string]int64{}
+		for round := range 3 {
+			for _, h := range []string{"a", "b", "c", "d"} {
+				got[h] = ask("equal", h, GrantUnits, got[h]).Share
+			}
+			clk.Advance(time.Second)
+			_ = round
+		}
+		var sum int64
+		for h, sh := range got {
+			if sh < GrantUnits/4*95/100 || sh > GrantUnits/4*105/100 {
+				t.Errorf("holder %s: share %d, want %d ±5%%", h, sh, GrantUnits/4)
+			}
+			sum += sh
+		}
+		if sum > GrantUnits {
+			t.Errorf("Σ shares %d > %d", sum, GrantUnits)
+		}
+	})
+	t.Run("a small want is met, the spare goes to the others", func(t *testing.T) {
+		got := map[string]int64{}
+		wants := map[string]int64{"small": 64, "x": GrantUnits, "y": GrantUnits}
+		for range 3 {
+			for _, h := range []string{"small", "x", "y"} {
+				got[h] = ask("uneven", h, wants[h], got[h]).Share
+			}
+			clk.Advance(time.Second)
+		}
+		if got["small"] != 64 || got["x"] != got["y"] || got["x"]+got["y"]+64 != GrantUnits {
+			t.Errorf("shares %v, want small 64 and x = y = %d", got, (GrantUnits-64)/2)
+		}
+	})
+	t.Run("a newcomer gets free capacity at once, its fair share within two renewals", func(t *testing.T) {
+		got := map[string]int64{}
+		for range 2 {
+			for _, h := range []string{"a", "b"} {
+				got[h] = ask("newcomer", h, 400, got[h]).Share
+			}
+		}
+		if got["a"] != 400 || got["b"] != 400 {
+			t.Fatalf("before: %v", got)
+		}
+		got["new"] = ask("newcomer", "new", GrantUnits, 0).Share
+		if got["new"] != GrantUnits-800 {
+			t.Fatalf("newcomer got %d at once, want the free %d", got["new"], GrantUnits-800)
+		}
+		// Everyone now wants all: the fair share is a third.
+		for range 2 {
+			for _, h := range []string{"a", "b", "new"} {
+				got[h] = ask("newcomer", h, GrantUnits, got[h]).Share
+			}
+			clk.Advance(3 * time.Second)
+		}
+		for h, sh := range got {
+			if sh < GrantUnits/3*95/100 || sh > GrantUnits/3*105/100 {
+				t.Errorf("after two renewals %s has %d, want %d ±5%%", h, sh, GrantUnits/3)
+			}
+		}
+	})
+	t.Run("past the holder bound, no grant", func(t *testing.T) {
+		for i := range DefaultMaxHolders {
+			if g := ask("bounded", fmt.Sprint("h", i), 10, 0); g.Share != 10 {
+				t.Fatalf("holder %d: %+v", i, g)
+			}
+		}
+		if g := ask("bounded", "one-too-many", 10, 0); g.Share != 0 || g.Holders != DefaultMaxHolders {
+			t.Fatalf("past the bound: %+v", g)
+		}
+	})
+}
+
+// TestGrantBadInput: out-of-range requests get ErrInvalidGrant, limits that
+// cannot take grants ErrNoGrants, on both stores.
+func TestGrantBadInput(t *testing.T) {
+	ctx := context.Background()
+	base := GrantRequest{Request: Request{Policy: "bad", Key: "k", Limit: local.Limit{Rate: 10, Period: time.Second, Burst: 10}, Version: 1},
+		Holder: "h", Want: 1, Burst: 1, Term: time.Second}
+	stores := map[string]Granter{"memory": NewMemory(clock.Real()), "redis": NewRedis(redistest.Standalone(t).Client(t))}
+	for name, s := range stores {
+		for _, tc := range []struct {
+			name string
+			edit func(*GrantRequest)
+			want error
+		}{
+			{"empty holder", func(g *GrantRequest) { g.Holder = "" }, ErrInvalidGrant},
+			{"holder with a space", func(g *GrantRequest) { g.Holder = "a b" }, ErrInvalidGrant},
+			{"holder with a bar", func(g *GrantRequest) { g.Holder = "a|b" }, ErrInvalidGrant},
+			{"want 0", func(g *GrantRequest) { g.Want = 0 }, ErrInvalidGrant},
+			{"want above units", func(g *GrantRequest) { g.Want = GrantUnits + 1 }, ErrInvalidGrant},
+			{"burst 0", func(g *GrantRequest) { g.Burst = 0 }, ErrInvalidGrant},
+			{"term 0", func(g *GrantRequest) { g.Term = 0 }, ErrInvalidGrant},
+			{"bad key", func(g *GrantRequest) { g.Key = "" }, ErrInvalidKey},
+			{"sliding window", func(g *GrantRequest) { g.Window = true }, ErrNoGrants},
+			{"too fine a limit", func(g *GrantRequest) { g.Limit = local.Limit{Rate: 999_999, Period: time.Second, Burst: 10} }, ErrNoGrants},
+		} {
+			g := base
+			tc.edit(&g)
+			if _, err := s.Grant(ctx, g); !errors.Is(err, tc.want) {
+				t.Errorf("%s: %s: %v, want %v", name, tc.name, err, tc.want)
+			}
+		}
+		if _, err := s.Ungrant(ctx, base, -1); !errors.Is(err, ErrInvalidGrant) {
+			t.Errorf("%s: negative unspent: %v", name, err)
+		}
+	}
+}
+
+// luaGrantState is the script's bucket and grants, the grants sorted.
+func luaGrantState(t *testing.T, c redis.UniversalClient, r *Request) string {
+	t.Helper()
+	ctx := context.Background()
+	b, _ := c.Get(ctx, bucketKey(r)).Result()
+	g, _ := c.Get(ctx, grantsKey(r)).Result()
+	parts := strings.Split(g, "|")
+	slices.Sort(parts[min(1, len(parts)):])
+	return b + " / " + strings.Join(parts, "|")
+}
+
+// memGrantState is the twin's, written as the script writes it.
+func memGrantState(s *MemoryStore, r *Request) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.mu.buckets[bucketKey(r)].st
+	out := fmt.Sprintf("%d %d %d %d %d %d %d / ", st.level, st.carry, st.last, st.version, st.burst, st.rate, st.per)
+	if len(st.grants) == 0 {
+		return out
+	}
+	parts := []string{fmt.Sprint(st.gfrac)}
+	for _, g := range st.grants {
+		parts = append(parts, fmt.Sprintf("%s %d %d %d %d", g.holder, g.share, g.burst, g.exp, g.want))
+	}
+	slices.Sort(parts[1:])
+	return out + strings.Join(parts, "|")
+}
