@@ -68,6 +68,10 @@ type capacity struct {
 	bg     *background
 	stats  *counters
 	holder string // this limiter's name at the store
+	// fleet is the fleet's size (heartbeats, or WithFleetSize): a first
+	// ask wants at most an even part, so that the first holder does not
+	// take the rate before the others' wants are known.
+	fleet func() int
 	// off is set once the store or the policy's limit takes no grants:
 	// the version it was found for, so a policy change tries again.
 	off atomic.Uint64
@@ -79,7 +83,9 @@ type grantState struct {
 	asking  atomic.Bool // a grant call in flight
 	hotFrom atomicMono  // 1 + when demand rose above the threshold; 0: below
 	timer   clock.Timer // the next renewal; under entry.mu
+	rise    clock.Timer // installs a rise once spendable; under entry.mu
 	nextAt  atomicMono  // when the next renewal is due
+	answers atomic.Int32 // grant calls answered since the key began asking
 	admits  atomic.Int64
 }
 
@@ -162,11 +168,15 @@ func (c *capacity) request(e *entry, p *policyState, cur *holding) remote.GrantR
 	e.mu.Unlock()
 	perSec := float64(lim.Rate) / lim.Period.Seconds()
 	want := int64(math.Ceil(rate * grantHeadroom / perSec * remote.GrantUnits))
+	if cur == nil && c.fleet != nil {
+		want = min(want, remote.GrantUnits/int64(max(c.fleet(), 1)))
+	}
 	r := remote.GrantRequest{Request: p.request(c.cfg.prefix, e), Holder: c.holder,
 		Want: min(max(want, 1), remote.GrantUnits), Term: c.cfg.grantTerm,
 		// Half of Burst at most for all grants together: the bucket keeps
 		// room for those without one.
-		Burst: max(lim.Burst/(2*remote.DefaultMaxHolders), 1)}
+		Burst:        max(lim.Burst/(2*remote.DefaultMaxHolders), 1),
+		MaxRiseAfter: c.cfg.grantTerm / (2 * renewals)}
 	if cur != nil && cur.version == p.Version {
 		r.Running = cur.share
 	}
@@ -217,17 +227,28 @@ func (c *capacity) ask(e *entry) {
 	if gr.RiseAfter > 0 && gr.Share > req.Running {
 		// The bucket had future-dated tokens out: spend at the share
 		// before (the grant in hand, or leases) until they are paid.
-		c.bg.after(gr.RiseAfter, func() { c.install(e, p, e.held(), gr, sent) })
+		t := c.bg.after(gr.RiseAfter, func() { c.install(e, p, e.held(), gr, sent) })
+		e.mu.Lock()
+		old := e.extra().grant.rise
+		e.extra().grant.rise = t
+		e.mu.Unlock()
+		if old != nil {
+			old.Stop()
+		}
 	} else {
 		c.install(e, p, cur, gr, sent)
 	}
-	switch {
+	switch young := e.extra().grant.answers.Add(1) <= 3; {
 	case gr.Share < req.Running:
 		// Lowered: this process spends the lower share from now; say so
 		// at once, so the store counts it and others may have the rest.
 		c.askAsync(e, confirmAfter)
-	case gr.Share == 0:
-		c.askAsync(e, c.cfg.grantTerm/10) // kept waiting: ask again soon
+	case gr.Share == 0 || young:
+		// Kept waiting, or just started (the others' wants may not be
+		// known yet): ask again soon.
+		c.askAsync(e, c.cfg.grantTerm/(4*renewals))
+	case gr.Share < req.Want:
+		c.askAsync(e, c.cfg.grantTerm/(2*renewals)) // short of its want: ask again sooner
 	default:
 		c.askAsync(e, c.cfg.grantTerm/renewals)
 	}
@@ -282,16 +303,11 @@ func (c *capacity) release(ctx context.Context, e *entry, p *policyState) {
 		return
 	}
 	g := &r.grant
-	e.mu.Lock()
-	t := g.timer
-	g.timer = nil
-	e.mu.Unlock()
-	if t != nil {
-		t.Stop()
-	}
+	c.stopTimers(e)
 	h := g.held.Swap(nil)
 	hot := g.hotFrom.Load() != 0
 	g.hotFrom.Store(0)
+	g.answers.Store(0)
 	if h == nil && !hot {
 		return
 	}
@@ -308,4 +324,21 @@ func (c *capacity) release(ctx context.Context, e *entry, p *policyState) {
 	defer cancel()
 	// A failure leaves the grant to expire at its term.
 	_, _ = c.store.Ungrant(ctx, req, unspent)
+}
+
+// stopTimers stops e's pending renewal and rise (release, Close).
+func (c *capacity) stopTimers(e *entry) {
+	r := e.rare.Load()
+	if r == nil {
+		return
+	}
+	e.mu.Lock()
+	ts := []clock.Timer{r.grant.timer, r.grant.rise}
+	r.grant.timer, r.grant.rise = nil, nil
+	e.mu.Unlock()
+	for _, t := range ts {
+		if t != nil {
+			t.Stop()
+		}
+	}
 }

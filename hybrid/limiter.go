@@ -77,7 +77,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 		settler: reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.bg.after, Jitter: rng.duration}}
 	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, settle: &l.settle, outage: l.outage}
 	l.leaser.pace = pacer{cfg: &l.cfg, bg: l.bg, stats: &l.stats, into: &l.leaser}
-	l.grants = capacity{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, holder: l.outage.id}
+	l.grants = capacity{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, holder: l.outage.id, fleet: l.outage.size}
 	l.leaser.grants = &l.grants
 	l.start()
 	return l, nil
@@ -253,7 +253,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 	l.policy.stopWatch()
 	l.settle.queue.Requeue(l.modes.cancelSettlement())
 	p := l.policy.load()
-	l.keys.each(func(e *entry) { l.release(p, e) })
+	l.keys.each(func(e *entry) { l.release(p, e); l.grants.stopTimers(e) })
 	l.bg.wait()
 	// Grants go back at once, with Close's deadline; a renewal that ended
 	// after the first pass may have installed one.

@@ -285,7 +285,7 @@ func (st *state) grant(r *Request, now micros) (share, burst, tokens, rise int64
 	offer := min(alloc, grantUnits-(sh-x.share))
 	if offer > x.share && st.level < 0 {
 		// Spendable once what is out at the rate before is paid.
-		if rise = st.netWait(st.level, 0); rise < 0 {
+		if rise = st.netWait(st.level, 0); rise < 0 || rise > g.maxRise {
 			offer, rise = x.share, 0
 		}
 	}
@@ -324,7 +324,7 @@ func (st *state) lease(r *Request, now micros) (granted, delay, retry int64) {
 	case dNeed >= 0:
 		return 0, 0, dNeed
 	}
-	return 0, 0, st.grants[0].exp.since(now)
+	return 0, 0, min(st.grants[0].exp.since(now), grantRetry.Microseconds())
 }
 
 // ttl is how long a bucket key lives after a write: time to full plus a

@@ -43,6 +43,10 @@ const (
 	// DefaultMaxHolders is how many grants a bucket keeps unless a
 	// request says otherwise; past it, processes lease batches.
 	DefaultMaxHolders = 8
+	// grantRetry bounds the wait a refusal names when the grants leave
+	// the bucket no rate: holders give rate back at their renewals, which
+	// the bucket cannot foresee.
+	grantRetry = time.Second
 	// maxHolderLen bounds a holder's name.
 	maxHolderLen = 64
 )
@@ -81,6 +85,11 @@ type GrantRequest struct {
 	// MaxHolders is the most grants the bucket keeps; 0 means
 	// DefaultMaxHolders.
 	MaxHolders int
+	// MaxRiseAfter is the longest the holder would wait to spend a rise
+	// of its share (see Grant.RiseAfter); a rise that would have to wait
+	// longer is not given. 0 takes rises only while nothing is
+	// future-dated.
+	MaxRiseAfter time.Duration
 }
 
 // Grant is a capacity grant: spend at most Burst + Share·Rate/GrantUnits
@@ -131,6 +140,7 @@ type grantArgs struct {
 	term       int64 // µs
 	maxHolders int64
 	burst      int64
+	maxRise    int64 // µs
 }
 
 // grantOp validates r for op and returns the bucket request to run: N is
@@ -144,7 +154,8 @@ func grantOp(op Op, r GrantRequest, unspent int64) (Request, grantArgs, exact.Mi
 	if req.shaped() {
 		return req, grantArgs{}, exact.Micros{}, fmt.Errorf("%w: %q is a shaped limit", ErrNoGrants, req.Policy)
 	}
-	g := grantArgs{holder: r.Holder, running: r.Running, term: r.Term.Microseconds(), maxHolders: int64(r.MaxHolders), burst: r.Burst}
+	g := grantArgs{holder: r.Holder, running: r.Running, term: r.Term.Microseconds(), maxHolders: int64(r.MaxHolders), burst: r.Burst,
+		maxRise: r.MaxRiseAfter.Microseconds()}
 	if g.maxHolders <= 0 {
 		g.maxHolders = DefaultMaxHolders
 	}
@@ -154,7 +165,7 @@ func grantOp(op Op, r GrantRequest, unspent int64) (Request, grantArgs, exact.Mi
 		if r.Want < 1 || r.Want > GrantUnits || r.Running < 0 || r.Running > GrantUnits {
 			return req, g, exact.Micros{}, errs.Errorf("remote", "grant %q: want %d, running %d: %w", req.Key, r.Want, r.Running, ErrInvalidGrant)
 		}
-		if r.Burst < 1 || r.Term < time.Millisecond || r.Term > 24*time.Hour || g.maxHolders > 64 {
+		if r.Burst < 1 || r.Term < time.Millisecond || r.Term > 24*time.Hour || g.maxHolders > 64 || r.MaxRiseAfter < 0 || r.MaxRiseAfter > r.Term {
 			return req, g, exact.Micros{}, errs.Errorf("remote", "grant %q: burst %d, term %v, holders %d: %w", req.Key, r.Burst, r.Term, g.maxHolders, ErrInvalidGrant)
 		}
 	case opUngrant:
@@ -223,7 +234,7 @@ func (s *RedisStore) grantCall(ctx context.Context, op Op, r GrantRequest, unspe
 	}
 	key := bucketKey(&req)
 	args := []any{op.String(), req.N, 1, m.Rate, m.Per, m.Burst, req.Version, 0, -maxDebt, TTLMargin.Milliseconds(), 1,
-		g.holder, g.running, g.term, g.maxHolders, g.burst}
+		g.holder, g.running, g.term, g.maxHolders, g.burst, g.maxRise}
 	v, err := s.eval(ctx, bucketScript, []string{key, grantsKey(&req)}, args)
 	if err != nil {
 		return Result{}, s.failed(key, err)

@@ -73,6 +73,7 @@ func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 			g := GrantRequest{Request: req, Holder: holders[r.IntN(len(holders))], Want: 1 + r.Int64N(GrantUnits),
 				Running: r.Int64N(GrantUnits + 1), Burst: 1 + r.Int64N(50),
 				Term: time.Duration(1+r.Int64N(3000)) * time.Millisecond, MaxHolders: 1 + r.IntN(3)}
+			g.MaxRiseAfter = time.Duration(r.Int64N(int64(g.Term/time.Microsecond))) * time.Microsecond
 			unspent := r.Int64N(60)
 			op := []Op{OpLease, OpLease, OpReturn, OpDebit, opGrant, opGrant, opGrant, opUngrant}[r.IntN(8)]
 			call := func(s interface {

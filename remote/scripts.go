@@ -37,6 +37,7 @@ const luaPrelude = lua.Prelude
 // ARGV[14] term: µs a grant lasts from this call (grant)
 // ARGV[15] maxholders: most grants the bucket keeps (grant)
 // ARGV[16] gburst: local burst a new grant takes from the level (grant)
+// ARGV[17] maxrise: µs the holder would wait at most to spend a rise (grant)
 // KEYS[2]  the bucket's capacity grants, prefix{policy:key}:grants
 //
 // Capacity grants (see grants.go): a grant is a share s of the bucket's
@@ -51,7 +52,7 @@ const luaPrelude = lua.Prelude
 // falls only to what the holder says it runs at; it rises at once, but
 // while the level is negative (future-dated tokens or debt out, timed at
 // the rate the grants left) the rise may be spent only once the level
-// would be back at zero. The reply of a grant is {share, burst,
+// would be back at zero, and is not given when that is over maxrise away. The reply of a grant is {share, burst,
 // remaining, tokens, reset, now, version, stale, created, 0, holders,
 // rise delay}. "ungrant" gives back n unspent tokens (at most b) and the
 // rate from now. A new limit ends every grant.
@@ -80,7 +81,7 @@ const luaPrelude = lua.Prelude
 // Errors: "LEASEHOLD_CORRUPT ..." when the key holds a foreign value or
 // another type (WRONGTYPE, caught with pcall so every server reports it the
 // same way).
-var bucketLua = luaPrelude + strings.NewReplacer("GRANT_UNITS", strconv.Itoa(grantUnits), "MAX_GRANT_RATE_PER", strconv.FormatInt(maxGrantRatePer, 10)).Replace(`
+var bucketLua = luaPrelude + strings.NewReplacer("GRANT_UNITS", strconv.Itoa(grantUnits), "GRANT_RETRY", strconv.FormatInt(grantRetry.Microseconds(), 10), "MAX_GRANT_RATE_PER", strconv.FormatInt(maxGrantRatePer, 10)).Replace(`
 local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local minn = tonumber(ARGV[3])
@@ -97,6 +98,7 @@ local running = tonumber(ARGV[13] or '0')
 local term = tonumber(ARGV[14] or '0')
 local maxholders = tonumber(ARGV[15] or '0')
 local gburst = tonumber(ARGV[16] or '0')
+local maxrise = tonumber(ARGV[17] or '0')
 local G = GRANT_UNITS
 
 local t = redis.call('TIME')
@@ -262,7 +264,7 @@ if op == 'lease' then
     elseif s.level >= need then granted = s.level
     elseif maxdelay > 0 and dneed >= 0 and dneed <= maxdelay then granted = need; delay = dneed
     elseif dneed >= 0 then retry = dneed
-    else retry = grants[1].exp - now end
+    else retry = math.min(grants[1].exp - now, GRANT_RETRY) end
   end
   s.level = s.level - granted
 elseif op == 'return' then
@@ -308,7 +310,7 @@ elseif op == 'grant' then
       -- Future-dated tokens or debt are out, timed at the rate the grants
       -- leave now: the rise may be spent once they are paid.
       gdelay = netwait(s.level, 0)
-      if gdelay < 0 then offer = cur; gdelay = 0 end
+      if gdelay < 0 or gdelay > maxrise then offer = cur; gdelay = 0 end
     end
     local counted = math.max(offer, math.min(running, cur))
     -- The grant's burst grows to what was asked while the grants' bursts
