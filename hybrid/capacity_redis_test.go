@@ -185,3 +185,98 @@ func TestCapacityLeasesPartition(t *testing.T) {
 	}
 	_ = fmt.Sprint
 }
+
+// cutFleet is n limiters on one real Redis, each behind its own Cut, with
+// capacity leases of the given term.
+func cutFleet(t *testing.T, n int, p Policy, term time.Duration, opts ...Option) ([]*Limiter, []*storetest.Cut) {
+	t.Helper()
+	c := standaloneDial(t)
+	cuts := make([]*storetest.Cut, n)
+	lims := make([]*Limiter, n)
+	for i := range lims {
+		cuts[i] = &storetest.Cut{Store: remote.NewRedis(c)}
+		l, err := New(cuts[i], p, append([]Option{quiet, WithCapacityLeases(term)}, opts...)...)
+		require.NoError(t, err)
+		lims[i] = l
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+	}
+	return lims, cuts
+}
+
+// TestCapacityLeasesFullOutage: 4 limiters at their limit lose Redis
+// together for 4 s, shorter than the 10 s term. Each keeps admitting by its
+// grant: the fleet admits the limit's rate within ±2%, with no heartbeat
+// count (the fleet size is never configured), nothing decided by the
+// degraded share and nothing to charge afterwards.
+func TestCapacityLeasesFullOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("7 s of load")
+	}
+	lim := Limit{Rate: 1000, Period: time.Second, Burst: 100}
+	lims, cuts := cutFleet(t, 4, runPolicy("full-outage", lim), 10*time.Second)
+	stop := make(chan struct{})
+	collect := spinAll(lims, 4, "outage", stop)
+	time.Sleep(3 * time.Second)
+	cutAt := time.Now()
+	for _, c := range cuts {
+		c.Down.Store(true)
+	}
+	time.Sleep(4 * time.Second)
+	healAt := time.Now()
+	close(stop)
+	adm := collect()
+	for _, c := range cuts {
+		c.Down.Store(false)
+	}
+	during, by := between(adm, cutAt, healAt)
+	want := lim.TokensIn(healAt.Sub(cutAt))
+	debt := fleetStats(lims).OutageDebt
+	t.Logf("all 4 cut for %v: admitted %d, Rate·w %d (%+.2f%%), by source %v, outage debt %d",
+		healAt.Sub(cutAt).Round(time.Millisecond), during, want, 100*float64(during-want)/float64(want), by, debt)
+	if d := float64(during-want) / float64(want); d > 0.02 || d < -0.02 {
+		t.Fatalf("admitted %d during the outage, %+.2f%% off the limit's %d", during, 100*d, want)
+	}
+	if by[SourceDegraded] != 0 || debt != 0 {
+		t.Fatalf("%d decided by the degraded share, debt %d: grants should have served", by[SourceDegraded], debt)
+	}
+}
+
+// TestCapacityLeasesCrash: one of 4 limiters at the limit crashes (it
+// stops deciding and never gives its grant back; its store is cut so no
+// renewal reaches Redis). Its grant stays counted until its term ends: the
+// other three lose that share for the rest of the term, then take it
+// back. The test measures the capacity lost.
+func TestCapacityLeasesCrash(t *testing.T) {
+	if testing.Short() {
+		t.Skip("14 s of load")
+	}
+	lim := Limit{Rate: 1000, Period: time.Second, Burst: 100}
+	const term = 6 * time.Second
+	lims, cuts := cutFleet(t, 4, runPolicy("crash", lim), term)
+	stopDead := make(chan struct{})
+	collectDead := spinAll(lims[:1], 4, "crash", stopDead)
+	stop := make(chan struct{})
+	collect := spinAll(lims[1:], 4, "crash", stop)
+	time.Sleep(3 * time.Second)
+	crashAt := time.Now()
+	cuts[0].Down.Store(true)
+	close(stopDead)
+	collectDead()
+	time.Sleep(term + 3*time.Second)
+	close(stop)
+	adm := collect()
+	end := time.Now()
+	inTerm, _ := between(adm, crashAt, crashAt.Add(term))
+	after, _ := between(adm, crashAt.Add(term+time.Second), end)
+	termRate := float64(inTerm) / term.Seconds()
+	afterRate := float64(after) / end.Sub(crashAt.Add(term+time.Second)).Seconds()
+	lost := lim.TokensIn(term) - inTerm
+	t.Logf("one of 4 crashed: the other 3 admitted %.0f/s during the dead grant's term (%v), %.0f/s a second after it ended; capacity lost %d tokens (%.0f%% of Rate·term)",
+		termRate, term, afterRate, lost, 100*float64(lost)/float64(lim.TokensIn(term)))
+	if afterRate < 0.95*float64(lim.Rate) {
+		t.Fatalf("after the dead grant's term the others admit %.0f/s, want ≥ 95%% of %d", afterRate, lim.Rate)
+	}
+	if termRate > float64(lim.Rate)*0.8 {
+		t.Fatalf("during the dead grant's term the others admitted %.0f/s: the dead grant was not counted", termRate)
+	}
+}
