@@ -30,7 +30,7 @@ func TestGrantTwinsAgree(t *testing.T) {
 		mr.SetTime(start)
 		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		t.Cleanup(func() { _ = c.Close() })
-		grantTwinSequences(t, c, clk, 120, func(time.Time) {}, func(r *rand.Rand) {
+		grantTwinSequences(t, c, clk, 60, func(time.Time) {}, func(r *rand.Rand) {
 			steps := []time.Duration{time.Microsecond, 3 * time.Millisecond, 90 * time.Millisecond, 700 * time.Millisecond, 4 * time.Second}
 			d := steps[r.IntN(len(steps))]
 			clk.Advance(d)
