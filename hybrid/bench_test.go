@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/local"
 	"golang.org/x/time/rate"
 )
 
@@ -139,4 +140,46 @@ func BenchmarkStats(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		_ = l.Stats()
 	}
+}
+
+// grantLimiterOf returns a limiter whose key "hot" holds a capacity grant
+// and no lease: every decision is the grant's local GCRA.
+func grantLimiterOf(tb testing.TB) *Limiter {
+	tb.Helper()
+	l := hotLimiterOf(tb, benchPolicies[0].p)
+	e := l.keys.load("hot")
+	e.lease.Take(e.lease.Tokens())
+	b, err := local.NewBucket(local.Limit{Rate: 1e12, Period: time.Second, Burst: 1e12})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	e.extra().grant.held.Store(&holding{bucket: b, share: 1, until: mono(math.MaxInt64)})
+	return l
+}
+
+func TestAllowOnGrantAllocatesNothing(t *testing.T) {
+	l := grantLimiterOf(t)
+	ctx := context.Background()
+	if a := testing.AllocsPerRun(10000, func() { l.Allow(ctx, "hot") }); a != 0 {
+		t.Fatalf("Allow on a granted key allocates %v per call, want 0", a)
+	}
+	if a := testing.AllocsPerRun(10000, func() { _, _ = l.AllowN(ctx, "hot", 3) }); a != 0 {
+		t.Fatalf("AllowN on a granted key allocates %v per call, want 0", a)
+	}
+	if d, _ := l.AllowN(ctx, "hot", 1); d.Source != SourceGrant || !d.Allowed {
+		t.Fatalf("decision %+v, want admitted by the grant", d)
+	}
+}
+
+// BenchmarkAllowGrant is Allow on a key whose decisions its capacity grant
+// makes (the lease empty): a clock read and the GCRA's CAS.
+func BenchmarkAllowGrant(b *testing.B) {
+	l := grantLimiterOf(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			l.Allow(ctx, "hot")
+		}
+	})
 }

@@ -80,11 +80,11 @@ type capacity struct {
 // grantState is the part of an entry's rareState grants use.
 type grantState struct {
 	held    atomic.Pointer[holding]
-	asking  atomic.Bool // a grant call in flight
-	hotFrom atomicMono  // 1 + when demand rose above the threshold; 0: below
-	timer   clock.Timer // the next renewal; under entry.mu
-	rise    clock.Timer // installs a rise once spendable; under entry.mu
-	nextAt  atomicMono  // when the next renewal is due
+	asking  atomic.Bool  // a grant call in flight
+	hotFrom atomicMono   // 1 + when demand rose above the threshold; 0: below
+	timer   clock.Timer  // the next renewal; under entry.mu
+	rise    clock.Timer  // installs a rise once spendable; under entry.mu
+	nextAt  atomicMono   // when the next renewal is due
 	answers atomic.Int32 // grant calls answered since the key began asking
 	admits  atomic.Int64
 }
@@ -97,7 +97,9 @@ func (e *entry) held() *holding {
 	return nil
 }
 
-// grantMode reports whether e holds or asks for a grant.
+// grantMode reports whether e holds or asks for a grant: its leases are
+// then not future-dated, as no share may rise while future-dated tokens
+// are out (they were timed at the rate the grants left before).
 func (e *entry) grantMode() bool {
 	r := e.rare.Load()
 	return r != nil && (r.grant.held.Load() != nil || r.grant.hotFrom.Load() != 0)
@@ -168,15 +170,16 @@ func (c *capacity) request(e *entry, p *policyState, cur *holding) remote.GrantR
 	e.mu.Unlock()
 	perSec := float64(lim.Rate) / lim.Period.Seconds()
 	want := int64(math.Ceil(rate * grantHeadroom / perSec * remote.GrantUnits))
-	if cur == nil && c.fleet != nil {
-		want = min(want, remote.GrantUnits/int64(max(c.fleet(), 1)))
+	if cur == nil {
+		want = min(want, remote.GrantUnits/int64(c.fleetSize()))
 	}
 	r := remote.GrantRequest{Request: p.request(c.cfg.prefix, e), Holder: c.holder,
 		Want: min(max(want, 1), remote.GrantUnits), Term: c.cfg.grantTerm,
-		// Half of Burst at most for all grants together: the bucket keeps
-		// room for those without one.
-		Burst:        max(lim.Burst/(2*remote.DefaultMaxHolders), 1),
-		MaxRiseAfter: c.cfg.grantTerm / (2 * renewals)}
+		// Half of Burst for the fleet's grants together, the bucket keeps
+		// room for those without one; counted for at least 8, as a first
+		// count of the fleet may be short and a burst is kept for the
+		// grant's life.
+		Burst: max(lim.Burst/int64(2*max(c.fleetSize(), 8)), 1)}
 	if cur != nil && cur.version == p.Version {
 		r.Running = cur.share
 	}
@@ -224,20 +227,7 @@ func (c *capacity) ask(e *entry) {
 	case gr.Stale:
 		return // the policy moved on: adopted releases the grant
 	}
-	if gr.RiseAfter > 0 && gr.Share > req.Running {
-		// The bucket had future-dated tokens out: spend at the share
-		// before (the grant in hand, or leases) until they are paid.
-		t := c.bg.after(gr.RiseAfter, func() { c.install(e, p, e.held(), gr, sent) })
-		e.mu.Lock()
-		old := e.extra().grant.rise
-		e.extra().grant.rise = t
-		e.mu.Unlock()
-		if old != nil {
-			old.Stop()
-		}
-	} else {
-		c.install(e, p, cur, gr, sent)
-	}
+	c.install(e, p, cur, gr, sent)
 	switch young := e.extra().grant.answers.Add(1) <= 3; {
 	case gr.Share < req.Running:
 		// Lowered: this process spends the lower share from now; say so
@@ -246,7 +236,7 @@ func (c *capacity) ask(e *entry) {
 	case gr.Share == 0 || young:
 		// Kept waiting, or just started (the others' wants may not be
 		// known yet): ask again soon.
-		c.askAsync(e, c.cfg.grantTerm/(4*renewals))
+		c.askAsync(e, min(c.cfg.grantTerm/(4*renewals), 250*time.Millisecond))
 	case gr.Share < req.Want:
 		c.askAsync(e, c.cfg.grantTerm/(2*renewals)) // short of its want: ask again sooner
 	default:
@@ -258,6 +248,10 @@ func (c *capacity) ask(e *entry) {
 // (or a few) keeps its grant, and a newcomer's want reaches every holder
 // within a fifth of the term.
 const renewals = 5
+
+// grantWaitRefusal is the shortest a store's refusal is cached for on a
+// key that waits for its grant (see leaser.apply).
+const grantWaitRefusal = 5 * time.Millisecond
 
 // confirmAfter is how soon a holder whose share was lowered tells the
 // store it runs at the lower share.
@@ -326,19 +320,25 @@ func (c *capacity) release(ctx context.Context, e *entry, p *policyState) {
 	_, _ = c.store.Ungrant(ctx, req, unspent)
 }
 
-// stopTimers stops e's pending renewal and rise (release, Close).
+// stopTimers stops e's pending renewal (release, Close).
 func (c *capacity) stopTimers(e *entry) {
 	r := e.rare.Load()
 	if r == nil {
 		return
 	}
 	e.mu.Lock()
-	ts := []clock.Timer{r.grant.timer, r.grant.rise}
-	r.grant.timer, r.grant.rise = nil, nil
+	t := r.grant.timer
+	r.grant.timer = nil
 	e.mu.Unlock()
-	for _, t := range ts {
-		if t != nil {
-			t.Stop()
-		}
+	if t != nil {
+		t.Stop()
 	}
+}
+
+// fleetSize is the fleet's size as this limiter knows it, at least 1.
+func (c *capacity) fleetSize() int {
+	if c.fleet == nil {
+		return 1
+	}
+	return max(c.fleet(), 1)
 }

@@ -217,7 +217,9 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 	if need == 0 && ls.cfg.maxDelay > 0 && !p.shaped {
 		minimum = want
 	}
-	if !p.shaped {
+	if !p.shaped && !e.grantMode() {
+		// A key that holds or asks for a grant future-dates nothing: no
+		// share rises while future-dated tokens are out.
 		req.MaxDelay = ls.cfg.maxDelay
 	}
 	req.N, req.Min, req.Need = want, minimum, floor
@@ -234,7 +236,7 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 // process's next grant. 0 when the key is not contended, reservations are
 // off, or the store is not known healthy.
 func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
-	if ls.cfg.maxDelay <= 0 || p.shaped || ls.store.State() != gobreaker.StateClosed || ls.outage.held(ls.cfg.now()) {
+	if ls.cfg.maxDelay <= 0 || p.shaped || ls.store.State() != gobreaker.StateClosed || ls.outage.held(ls.cfg.now()) || e.grantMode() {
 		// A probe of a store that was down gets a plain lease: a long
 		// grant would fall due while the recovery hold still decides by
 		// the degraded share, and be spent on top of it.
@@ -285,6 +287,12 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need int64,
 		ls.pace.reserve(e, p.tier(e).limits[0], res.Granted, res.Delay, now)
 		return fetchOutcome{retry: res.Delay, at: now}
 	default:
+		if e.grantMode() {
+			// Waiting for its grant, a key at its limit is not paced:
+			// a refusal holds a little longer, or each decision would
+			// be a store call until the grant comes.
+			res.RetryAfter = max(res.RetryAfter, grantWaitRefusal)
+		}
 		e.answer.refuse(max(need, 1), now.add(res.RetryAfter))
 		if p.hold > 0 {
 			// Returns reach the window at each sweep of the fleet.

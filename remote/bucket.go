@@ -176,7 +176,7 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 		st.refill(now)
 	}
 
-	var granted, delay, retry, rise int64
+	var granted, delay, retry int64
 	switch op {
 	case OpLease:
 		if !stale {
@@ -189,7 +189,7 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 		st.level = max(st.level-r.N, -maxDebt)
 	case opGrant:
 		if !stale {
-			granted, delay, retry, rise = st.grant(r, now)
+			granted, delay, retry = st.grant(r, now)
 		}
 	case opUngrant:
 		if i := st.find(r.grant.holder); i >= 0 {
@@ -221,7 +221,6 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 		Stale:      stale,
 		Created:    !exists,
 		Holders:    holders,
-		riseDelay:  rise,
 	}
 }
 
@@ -243,11 +242,11 @@ func (st *state) find(holder string) int {
 // returns the share offered, the grant's burst and the tokens it took from
 // the level for the holder (all 0: no grant). The grant branch of
 // bucketLua.
-func (st *state) grant(r *Request, now micros) (share, burst, tokens, rise int64) {
+func (st *state) grant(r *Request, now micros) (share, burst, tokens int64) {
 	g := r.grant
 	mine := st.find(g.holder)
 	if st.rate > maxGrantRatePer/st.per || (mine < 0 && int64(len(st.grants)) >= g.maxHolders) {
-		return 0, 0, 0, 0
+		return 0, 0, 0
 	}
 	sh, b := st.gsum()
 	want := r.N
@@ -283,11 +282,8 @@ func (st *state) grant(r *Request, now micros) (share, burst, tokens, rise int64
 	}
 	x := &st.grants[mine]
 	offer := min(alloc, grantUnits-(sh-x.share))
-	if offer > x.share && st.level < 0 {
-		// Spendable once what is out at the rate before is paid.
-		if rise = st.netWait(st.level, 0); rise < 0 || rise > g.maxRise {
-			offer, rise = x.share, 0
-		}
+	if base := min(g.running, x.share); offer > base && st.level < 0 {
+		offer = base // no rise while future-dated tokens or debt are out
 	}
 	counted := max(offer, min(g.running, x.share))
 	if grow := min(g.burst-x.burst, st.burst-b); grow > 0 {
@@ -295,11 +291,15 @@ func (st *state) grant(r *Request, now micros) (share, burst, tokens, rise int64
 		st.level -= tokens
 		x.burst += grow
 	}
+	if x.burst < 1 {
+		offer, counted = 0, 0 // no burst left to give: a share could not be spent
+	}
 	x.share, x.exp, x.want = counted, now.plus(g.term), want
 	burst = x.burst
 	slices.SortStableFunc(st.grants, func(a, b grantRec) int { return cmp.Compare(a.exp, b.exp) })
-	return offer, burst, tokens, rise
+	return offer, burst, tokens
 }
+
 // lease decides a lease on the refilled bucket: n if there, else the level
 // if at least min, else n future-dated within maxdelay, else the level if
 // it covers need, else need future-dated, else a refusal with the wait for

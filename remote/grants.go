@@ -24,10 +24,10 @@ import (
 // rate are met; past it, a want up to the equal share (GrantUnits ÷
 // holders) is met and the spare goes to the others in proportion to what
 // they want beyond the equal share. A grant never takes more than the
-// others' grants leave. A holder's rate rises at once, but only while the
-// bucket's level is not negative (no future-dated tokens or debt out,
-// which were timed at the rate before); it falls only to what the holder
-// reports it runs at, so a holder that never saw its lowered grant (a lost
+// others' grants leave. A holder's rate rises above what it reports it
+// runs at only while the bucket's level is not negative (no future-dated
+// tokens or debt out, which were timed at the rate before); it falls only
+// to what the holder reports it runs at, so a holder that never saw its lowered grant (a lost
 // reply, a partition) is counted at the rate it spends.
 
 // GrantUnits is how finely a capacity grant divides a bucket's rate: a
@@ -42,7 +42,7 @@ const (
 	maxGrantRatePer = int64(1) << 53 / (grantUnits * grantUnits)
 	// DefaultMaxHolders is how many grants a bucket keeps unless a
 	// request says otherwise; past it, processes lease batches.
-	DefaultMaxHolders = 8
+	DefaultMaxHolders = 16
 	// grantRetry bounds the wait a refusal names when the grants leave
 	// the bucket no rate: holders give rate back at their renewals, which
 	// the bucket cannot foresee.
@@ -85,11 +85,6 @@ type GrantRequest struct {
 	// MaxHolders is the most grants the bucket keeps; 0 means
 	// DefaultMaxHolders.
 	MaxHolders int
-	// MaxRiseAfter is the longest the holder would wait to spend a rise
-	// of its share (see Grant.RiseAfter); a rise that would have to wait
-	// longer is not given. 0 takes rises only while nothing is
-	// future-dated.
-	MaxRiseAfter time.Duration
 }
 
 // Grant is a capacity grant: spend at most Burst + Share·Rate/GrantUnits
@@ -106,11 +101,6 @@ type Grant struct {
 	// Tokens is how many tokens the holder has in hand at once: what the
 	// bucket's level held of the burst the grant gained at this call.
 	Tokens int64
-	// RiseAfter is how long after the call a rise of the share may be
-	// spent: the holder spends at its share before (Running) until then.
-	// It is 0 unless the bucket had future-dated tokens or debt out,
-	// which were timed at the rate the grants left before the rise.
-	RiseAfter time.Duration
 	// Term is how long the grant lasts from the call.
 	Term time.Duration
 	// Result is the bucket's answer: Remaining, ResetAfter, Now,
@@ -140,7 +130,6 @@ type grantArgs struct {
 	term       int64 // µs
 	maxHolders int64
 	burst      int64
-	maxRise    int64 // µs
 }
 
 // grantOp validates r for op and returns the bucket request to run: N is
@@ -154,8 +143,7 @@ func grantOp(op Op, r GrantRequest, unspent int64) (Request, grantArgs, exact.Mi
 	if req.shaped() {
 		return req, grantArgs{}, exact.Micros{}, fmt.Errorf("%w: %q is a shaped limit", ErrNoGrants, req.Policy)
 	}
-	g := grantArgs{holder: r.Holder, running: r.Running, term: r.Term.Microseconds(), maxHolders: int64(r.MaxHolders), burst: r.Burst,
-		maxRise: r.MaxRiseAfter.Microseconds()}
+	g := grantArgs{holder: r.Holder, running: r.Running, term: r.Term.Microseconds(), maxHolders: int64(r.MaxHolders), burst: r.Burst}
 	if g.maxHolders <= 0 {
 		g.maxHolders = DefaultMaxHolders
 	}
@@ -165,7 +153,7 @@ func grantOp(op Op, r GrantRequest, unspent int64) (Request, grantArgs, exact.Mi
 		if r.Want < 1 || r.Want > GrantUnits || r.Running < 0 || r.Running > GrantUnits {
 			return req, g, exact.Micros{}, errs.Errorf("remote", "grant %q: want %d, running %d: %w", req.Key, r.Want, r.Running, ErrInvalidGrant)
 		}
-		if r.Burst < 1 || r.Term < time.Millisecond || r.Term > 24*time.Hour || g.maxHolders > 64 || r.MaxRiseAfter < 0 || r.MaxRiseAfter > r.Term {
+		if r.Burst < 1 || r.Term < time.Millisecond || r.Term > 24*time.Hour || g.maxHolders > 64 {
 			return req, g, exact.Micros{}, errs.Errorf("remote", "grant %q: burst %d, term %v, holders %d: %w", req.Key, r.Burst, r.Term, g.maxHolders, ErrInvalidGrant)
 		}
 	case opUngrant:
@@ -234,7 +222,7 @@ func (s *RedisStore) grantCall(ctx context.Context, op Op, r GrantRequest, unspe
 	}
 	key := bucketKey(&req)
 	args := []any{op.String(), req.N, 1, m.Rate, m.Per, m.Burst, req.Version, 0, -maxDebt, TTLMargin.Milliseconds(), 1,
-		g.holder, g.running, g.term, g.maxHolders, g.burst, g.maxRise}
+		g.holder, g.running, g.term, g.maxHolders, g.burst}
 	v, err := s.eval(ctx, bucketScript, []string{key, grantsKey(&req)}, args)
 	if err != nil {
 		return Result{}, s.failed(key, err)
@@ -246,9 +234,7 @@ func (s *RedisStore) grantCall(ctx context.Context, op Op, r GrantRequest, unspe
 // and the first tokens in RetryAfter (as µs; the script's reply has no
 // other fields for them).
 func grantFrom(res Result, r GrantRequest) Grant {
-	g := Grant{Share: res.Granted, Burst: res.Delay.Microseconds(), Tokens: res.RetryAfter.Microseconds(),
-		RiseAfter: time.Duration(res.riseDelay) * time.Microsecond, Result: res}
-	g.Result.riseDelay = 0
+	g := Grant{Share: res.Granted, Burst: res.Delay.Microseconds(), Tokens: res.RetryAfter.Microseconds(), Result: res}
 	if g.Share > 0 || g.Burst > 0 {
 		g.Term = r.Term
 	}

@@ -73,7 +73,6 @@ func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 			g := GrantRequest{Request: req, Holder: holders[r.IntN(len(holders))], Want: 1 + r.Int64N(GrantUnits),
 				Running: r.Int64N(GrantUnits + 1), Burst: 1 + r.Int64N(50),
 				Term: time.Duration(1+r.Int64N(3000)) * time.Millisecond, MaxHolders: 1 + r.IntN(3)}
-			g.MaxRiseAfter = time.Duration(r.Int64N(int64(g.Term/time.Microsecond))) * time.Microsecond
 			unspent := r.Int64N(60)
 			op := []Op{OpLease, OpLease, OpReturn, OpDebit, opGrant, opGrant, opGrant, opUngrant}[r.IntN(8)]
 			call := func(s interface {
@@ -88,7 +87,6 @@ func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 				case opGrant:
 					got, err := s.Grant(ctx, g)
 					got.Result.Granted, got.Result.Delay, got.Result.RetryAfter = got.Share, time.Duration(got.Burst)*time.Microsecond, time.Duration(got.Tokens)*time.Microsecond
-					got.Result.riseDelay = got.RiseAfter.Microseconds()
 					return got.Result, err
 				case opUngrant:
 					return s.Ungrant(ctx, g, unspent)
@@ -130,7 +128,7 @@ func TestGrantDivision(t *testing.T) {
 	ask := func(key, holder string, want, running int64) Grant {
 		t.Helper()
 		g, err := s.Grant(ctx, GrantRequest{Request: Request{Policy: "div", Key: key, Limit: lim, Version: 1},
-			Holder: holder, Want: want, Running: running, Burst: 10, Term: 10 * time.Second})
+			Holder: holder, Want: want, Running: running, Burst: 5, Term: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -342,10 +342,10 @@ func unreachable(err error) bool {
 // script reply goes through it.
 func parseReply(key string, v any) (Result, error) {
 	vals, ok := v.([]any)
-	if !ok || len(vals) < 9 || len(vals) > 12 {
+	if !ok || len(vals) < 9 || len(vals) > 11 {
 		return Result{}, errs.Errorf("remote", "bucket %q: %w: reply %T of unexpected shape", key, ErrCorruptState, v)
 	}
-	var n [12]int64
+	var n [11]int64
 	for i, x := range vals {
 		switch x := x.(type) {
 		case int64:
@@ -360,7 +360,7 @@ func parseReply(key string, v any) (Result, error) {
 			return Result{}, errs.Errorf("remote", "bucket %q: %w: field %d is %T", key, ErrCorruptState, i, x)
 		}
 	}
-	if n[0] < 0 || n[1] < 0 || n[2] < 0 || n[3] < 0 || n[4] < 0 || n[6] < 0 || n[9] < 0 || n[9] >= maxLimits || n[10] < 0 || n[11] < 0 {
+	if n[0] < 0 || n[1] < 0 || n[2] < 0 || n[3] < 0 || n[4] < 0 || n[6] < 0 || n[9] < 0 || n[9] >= maxLimits || n[10] < 0 {
 		return Result{}, errs.Errorf("remote", "bucket %q: %w: negative field in %v", key, ErrCorruptState, n)
 	}
 	return Result{
@@ -375,7 +375,6 @@ func parseReply(key string, v any) (Result, error) {
 		Created:    n[8] == 1,
 		Binding:    int(n[9]),
 		Holders:    int(n[10]),
-		riseDelay:  n[11],
 	}, nil
 }
 

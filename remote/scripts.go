@@ -37,7 +37,6 @@ const luaPrelude = lua.Prelude
 // ARGV[14] term: µs a grant lasts from this call (grant)
 // ARGV[15] maxholders: most grants the bucket keeps (grant)
 // ARGV[16] gburst: local burst a new grant takes from the level (grant)
-// ARGV[17] maxrise: µs the holder would wait at most to spend a rise (grant)
 // KEYS[2]  the bucket's capacity grants, prefix{policy:key}:grants
 //
 // Capacity grants (see grants.go): a grant is a share s of the bucket's
@@ -49,12 +48,11 @@ const luaPrelude = lua.Prelude
 // caller's grant by proportional share of the wants (n, in units); a new
 // grant's burst grows toward gburst while the grants' bursts fit Burst,
 // taking what the level holds of it as the holder's first tokens. A rate
-// falls only to what the holder says it runs at; it rises at once, but
-// while the level is negative (future-dated tokens or debt out, timed at
-// the rate the grants left) the rise may be spent only once the level
-// would be back at zero, and is not given when that is over maxrise away. The reply of a grant is {share, burst,
-// remaining, tokens, reset, now, version, stale, created, 0, holders,
-// rise delay}. "ungrant" gives back n unspent tokens (at most b) and the
+// falls only to what the holder says it runs at, and rises above that only
+// while the level is not negative (no future-dated tokens or debt out,
+// which were timed at the rate the grants left). The reply of a grant is
+// {share, burst, remaining, tokens, reset, now, version, stale, created,
+// 0, holders}. "ungrant" gives back n unspent tokens (at most b) and the
 // rate from now. A new limit ends every grant.
 //
 // A lease never refuses while need tokens are there: it grants n, or the
@@ -98,7 +96,6 @@ local running = tonumber(ARGV[13] or '0')
 local term = tonumber(ARGV[14] or '0')
 local maxholders = tonumber(ARGV[15] or '0')
 local gburst = tonumber(ARGV[16] or '0')
-local maxrise = tonumber(ARGV[17] or '0')
 local G = GRANT_UNITS
 
 local t = redis.call('TIME')
@@ -252,7 +249,7 @@ else
   end
 end
 
-local granted, delay, retry, gdelay = 0, 0, 0, 0
+local granted, delay, retry = 0, 0, 0
 if op == 'lease' then
   if stale == 1 then
   elseif s.level >= n then granted = n
@@ -306,12 +303,11 @@ elseif op == 'grant' then
     end
     local cur = mine.s
     local offer = math.min(alloc, G - (S - cur))
-    if offer > cur and s.level < 0 then
-      -- Future-dated tokens or debt are out, timed at the rate the grants
-      -- leave now: the rise may be spent once they are paid.
-      gdelay = netwait(s.level, 0)
-      if gdelay < 0 or gdelay > maxrise then offer = cur; gdelay = 0 end
-    end
+    -- Future-dated tokens or debt are out, timed at the rate the grants
+    -- leave: no share may rise above what the holder runs at until they
+    -- are paid.
+    local base = math.min(running, cur)
+    if offer > base and s.level < 0 then offer = base end
     local counted = math.max(offer, math.min(running, cur))
     -- The grant's burst grows to what was asked while the grants' bursts
     -- fit Burst; the tokens it takes from the level are the holder's.
@@ -321,6 +317,10 @@ elseif op == 'grant' then
       tokens = math.min(grow, math.max(s.level, 0))
       s.level = s.level - tokens
       mine.b = mine.b + grow
+    end
+    if mine.b < 1 then
+      -- No burst left to give: a share could not be spent.
+      offer = 0; counted = 0
     end
     mine.s = counted; mine.exp = now + term; mine.w = n
     granted = offer; delay = mine.b; retry = tokens
@@ -361,7 +361,7 @@ end
 local remaining = s.level
 if remaining < 0 then remaining = 0 end
 local holders = #grants
-return {granted, delay, remaining, retry, reset, now, s.version, stale, created, 0, holders, gdelay}
+return {granted, delay, remaining, retry, reset, now, s.version, stale, created, 0, holders}
 `)
 
 var bucketScript = redis.NewScript(bucketLua)

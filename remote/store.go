@@ -170,8 +170,6 @@ type Result struct {
 	// Holders is how many capacity grants the bucket keeps after the call
 	// (see Granter).
 	Holders int
-
-	riseDelay int64 // µs: a grant's rise is spendable that much later
 }
 
 // Reply is one answer of a Batch.

@@ -132,6 +132,8 @@ type LimiterSpec struct {
 	OutageMode     string  `json:"outage_mode"` // degraded (default), fail-open, fail-closed
 	FleetSize      int     `json:"fleet_size"`  // 0: heartbeats
 	MaxKeys        int     `json:"max_keys"`
+	// CapacityLeaseS is the term of capacity leases in seconds (0: off).
+	CapacityLeaseS float64 `json:"capacity_lease_s"`
 }
 
 // LatencySpec is a uniform latency distribution in milliseconds.

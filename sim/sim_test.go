@@ -46,8 +46,8 @@ func TestDefaultSuiteMeetsTargets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(suite) != 16 {
-		t.Fatalf("default suite has %d scenarios, want 16", len(suite))
+	if len(suite) != 18 {
+		t.Fatalf("default suite has %d scenarios, want 18", len(suite))
 	}
 	for _, s := range suite {
 		t.Run(s.Name, func(t *testing.T) {

@@ -153,6 +153,9 @@ func (w *world) options(c clock.Clock) []hybrid.Option {
 	if l.MaxKeys > 0 {
 		opts = append(opts, hybrid.WithMaxKeys(l.MaxKeys))
 	}
+	if l.CapacityLeaseS > 0 {
+		opts = append(opts, hybrid.WithCapacityLeases(sec(l.CapacityLeaseS)))
+	}
 	switch l.OutageMode {
 	case "fail-open":
 		opts = append(opts, hybrid.WithOutageMode(hybrid.OutageFailOpen))
@@ -492,6 +495,30 @@ func (f *faultStore) GetPolicy(ctx context.Context, prefix, name string) (remote
 	return f.next.GetPolicy(ctx, prefix, name)
 }
 
+// Grant passes a capacity grant call on when the store keeps grants.
+func (f *faultStore) Grant(ctx context.Context, r remote.GrantRequest) (remote.Grant, error) {
+	g, ok := f.next.(remote.Granter)
+	if !ok {
+		return remote.Grant{}, remote.ErrNoGrants
+	}
+	if err := f.gate(); err != nil {
+		return remote.Grant{}, err
+	}
+	return g.Grant(ctx, r)
+}
+
+// Ungrant passes a grant's return on when the store keeps grants.
+func (f *faultStore) Ungrant(ctx context.Context, r remote.GrantRequest, unspent int64) (remote.Result, error) {
+	g, ok := f.next.(remote.Granter)
+	if !ok {
+		return remote.Result{}, remote.ErrNoGrants
+	}
+	if err := f.gate(); err != nil {
+		return remote.Result{}, err
+	}
+	return g.Ungrant(ctx, r, unspent)
+}
+
 func (f *faultStore) WatchPolicy(ctx context.Context, prefix, name string, changed func()) (func(), error) {
 	// Pushes are not modeled as failing: polling covers a lost push.
 	return f.next.WatchPolicy(ctx, prefix, name, changed)
@@ -501,4 +528,5 @@ var (
 	_ remote.Store    = (*faultStore)(nil)
 	_ remote.Fleet    = (*faultStore)(nil)
 	_ remote.Policies = (*faultStore)(nil)
+	_ remote.Granter  = (*faultStore)(nil)
 )
