@@ -83,7 +83,6 @@ type grantState struct {
 	asking  atomic.Bool  // a grant call in flight
 	hotFrom atomicMono   // 1 + when demand rose above the threshold; 0: below
 	timer   clock.Timer  // the next renewal; under entry.mu
-	rise    clock.Timer  // installs a rise once spendable; under entry.mu
 	nextAt  atomicMono   // when the next renewal is due
 	answers atomic.Int32 // grant calls answered since the key began asking
 	admits  atomic.Int64
@@ -341,4 +340,17 @@ func (c *capacity) fleetSize() int {
 		return 1
 	}
 	return max(c.fleet(), 1)
+}
+
+// grantAdmits is how many decisions e's grants admitted.
+func (e *entry) grantAdmits() int64 {
+	r := e.rare.Load()
+	if r == nil {
+		return 0
+	}
+	n := r.grant.admits.Load()
+	if h := r.grant.held.Load(); h != nil {
+		n += h.admits.Load()
+	}
+	return n
 }

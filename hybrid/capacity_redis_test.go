@@ -95,6 +95,10 @@ func TestCapacityLeasesAtLimit(t *testing.T) {
 			collect := spinAll(lims, 16, tc.key, stop)
 			time.Sleep(2 * time.Second)
 			steadyAt, callsAt := time.Now(), fleetStats(lims).StoreCalls
+			grantsAt := make([]int64, len(lims))
+			for i, l := range lims {
+				grantsAt[i] = l.Stats().Source(SourceGrant).Admitted
+			}
 			time.Sleep(4 * time.Second)
 			close(stop)
 			adm := collect()
@@ -120,6 +124,31 @@ func TestCapacityLeasesAtLimit(t *testing.T) {
 			}
 			if by[SourceGrant] < steadyN*9/10 {
 				t.Fatalf("grants decided %d of %d admissions once held", by[SourceGrant], steadyN)
+			}
+			// Equal demand, equal grants: each limiter's grant admissions
+			// from 2 s on within 5% of the mean.
+			per := make([]int64, len(lims))
+			var sum int64
+			for i, l := range lims {
+				per[i] = l.Stats().Source(SourceGrant).Admitted - grantsAt[i]
+				sum += per[i]
+			}
+			mean := float64(sum) / float64(len(per))
+			t.Logf("grant admissions per limiter from 2 s on %v", per)
+			for i, n := range per {
+				if d := float64(n)/mean - 1; d > 0.05 || d < -0.05 {
+					t.Fatalf("limiter %d: %d grant admissions, %+.1f%% off the mean", i, n, 100*d)
+				}
+			}
+			// Close gives every grant back at once.
+			for _, l := range lims {
+				require.NoError(t, l.Close(context.Background()))
+			}
+			res, err := remote.NewRedis(tc.dial(t)).Return(context.Background(), remote.Request{Policy: lims[0].Policy().Name,
+				Key: tc.key, Limit: lim, Version: lims[0].Policy().Version, N: 1})
+			require.NoError(t, err)
+			if res.Holders != 0 {
+				t.Fatalf("%d grants left in the bucket after every limiter closed", res.Holders)
 			}
 		})
 	}

@@ -130,15 +130,19 @@ func (l *Limiter) Stats() Stats {
 		s.bySource[i] = SourceStats{Admitted: l.stats.admitted[i].Load(), Rejected: l.stats.rejected[i].Load()}
 	}
 	leaseAdmits := l.keys.evictedAdmits.Load()
+	var grantAdmits int64
 	l.keys.each(func(e *entry) {
 		leaseAdmits += e.admits.Load()
+		grantAdmits += e.grantAdmits()
 		s.OutageDebt += e.debt()
 		s.TokensHeld += e.lease.Tokens() + e.reserved()
 	})
 	// Admissions right after a store call are counted as SourceRemote by
 	// the slow path and, like every lease admission, in admits; move them.
 	remoteAdmits := s.bySource[SourceRemote].Admitted
-	s.bySource[SourceLease].Admitted = leaseAdmits - remoteAdmits
+	// Grant admissions are counted in admits too (activity of the key).
+	s.bySource[SourceGrant].Admitted = grantAdmits
+	s.bySource[SourceLease].Admitted = leaseAdmits - remoteAdmits - grantAdmits
 	for _, b := range s.bySource {
 		s.Admitted += b.Admitted
 		s.Rejected += b.Rejected

@@ -198,16 +198,29 @@ func grantsKey(r *Request) string { return keys.Grants(r.Prefix, r.Policy, r.Tie
 
 // Grant implements Granter.
 func (s *RedisStore) Grant(ctx context.Context, r GrantRequest) (Grant, error) {
-	res, err := s.grantCall(ctx, opGrant, r, 0)
+	return grantWith(ctx, s.grantCall, r)
+}
+
+// Ungrant implements Granter.
+func (s *RedisStore) Ungrant(ctx context.Context, r GrantRequest, unspent int64) (Result, error) {
+	return ungrantWith(ctx, s.grantCall, r, unspent)
+}
+
+// grantCaller runs one grant operation on a store.
+type grantCaller func(ctx context.Context, op Op, r GrantRequest, unspent int64) (Result, error)
+
+// grantWith runs a grant through call and reads its reply.
+func grantWith(ctx context.Context, call grantCaller, r GrantRequest) (Grant, error) {
+	res, err := call(ctx, opGrant, r, 0)
 	if err != nil {
 		return Grant{}, err
 	}
 	return grantFrom(res, r), nil
 }
 
-// Ungrant implements Granter.
-func (s *RedisStore) Ungrant(ctx context.Context, r GrantRequest, unspent int64) (Result, error) {
-	res, err := s.grantCall(ctx, opUngrant, r, unspent)
+// ungrantWith gives a grant back through call.
+func ungrantWith(ctx context.Context, call grantCaller, r GrantRequest, unspent int64) (Result, error) {
+	res, err := call(ctx, opUngrant, r, unspent)
 	if err != nil {
 		return Result{}, err
 	}
@@ -244,18 +257,12 @@ func grantFrom(res Result, r GrantRequest) Grant {
 
 // Grant implements Granter.
 func (s *MemoryStore) Grant(ctx context.Context, r GrantRequest) (Grant, error) {
-	res, err := s.grantCall(ctx, opGrant, r, 0)
-	if err != nil {
-		return Grant{}, err
-	}
-	return grantFrom(res, r), nil
+	return grantWith(ctx, s.grantCall, r)
 }
 
 // Ungrant implements Granter.
 func (s *MemoryStore) Ungrant(ctx context.Context, r GrantRequest, unspent int64) (Result, error) {
-	res, err := s.grantCall(ctx, opUngrant, r, unspent)
-	res.Granted, res.Delay = 0, 0
-	return res, err
+	return ungrantWith(ctx, s.grantCall, r, unspent)
 }
 
 func (s *MemoryStore) grantCall(ctx context.Context, op Op, r GrantRequest, unspent int64) (Result, error) {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leasehold/leasehold/clock"
@@ -24,19 +23,8 @@ import (
 // policy changes that end every grant.
 func TestGrantTwinsAgree(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
-		mr := miniredis.RunT(t)
-		start := time.Unix(1_700_000_000, 123_456_000)
-		clk := clock.NewManual(start)
-		mr.SetTime(start)
-		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-		t.Cleanup(func() { _ = c.Close() })
-		grantTwinSequences(t, c, clk, 60, func(time.Time) {}, func(r *rand.Rand) {
-			steps := []time.Duration{time.Microsecond, 3 * time.Millisecond, 90 * time.Millisecond, 700 * time.Millisecond, 4 * time.Second}
-			d := steps[r.IntN(len(steps))]
-			clk.Advance(d)
-			mr.SetTime(clk.Now())
-			mr.FastForward(d)
-		})
+		c, clk, step := miniredisTwin(t, time.Microsecond, 3*time.Millisecond, 90*time.Millisecond, 700*time.Millisecond, 4*time.Second)
+		grantTwinSequences(t, c, clk, 60, func(time.Time) {}, step)
 	})
 	t.Run("redis", func(t *testing.T) {
 		c := redistest.Standalone(t).Client(t)

@@ -24,23 +24,12 @@ import (
 // twin's clock is moved to the TIME each reply names before the twin runs.
 func TestShapeTwinsAgree(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
-		mr := miniredis.RunT(t)
-		start := time.Unix(1_700_000_000, 123_456_000)
-		clk := clock.NewManual(start)
-		mr.SetTime(start)
-		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-		t.Cleanup(func() { _ = c.Close() })
+		c, clk, step := miniredisTwin(t, time.Microsecond, 7*time.Millisecond, 333*time.Millisecond, 2*time.Second, 61*time.Second)
 		sequences := 150
 		if testing.Short() {
 			sequences = 30
 		}
-		shapeTwinSequences(t, c, clk, sequences, func(_ time.Time) {}, func(r *rand.Rand) {
-			steps := []time.Duration{time.Microsecond, 7 * time.Millisecond, 333 * time.Millisecond, 2 * time.Second, 61 * time.Second}
-			d := steps[r.IntN(len(steps))]
-			clk.Advance(d)
-			mr.SetTime(clk.Now())
-			mr.FastForward(d)
-		})
+		shapeTwinSequences(t, c, clk, sequences, func(_ time.Time) {}, step)
 	})
 	t.Run("redis", func(t *testing.T) {
 		c := redistest.Standalone(t).Client(t)
@@ -129,5 +118,24 @@ func shapeTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 			}
 			step(r)
 		}
+	}
+}
+
+// miniredisTwin is a miniredis and a manual clock that move together: a
+// twin test runs the script on the client and the Go twin on the clock;
+// step advances both by one of steps, picked at random.
+func miniredisTwin(t *testing.T, steps ...time.Duration) (redis.UniversalClient, *clock.Manual, func(*rand.Rand)) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	start := time.Unix(1_700_000_000, 123_456_000)
+	clk := clock.NewManual(start)
+	mr.SetTime(start)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return c, clk, func(r *rand.Rand) {
+		d := steps[r.IntN(len(steps))]
+		clk.Advance(d)
+		mr.SetTime(clk.Now())
+		mr.FastForward(d)
 	}
 }
