@@ -54,6 +54,10 @@ const (
 	// grantDemandFor is how long a key's demand must stay above the
 	// threshold before it asks for a grant.
 	grantDemandFor = 300 * time.Millisecond
+	// grantMinPart is the smallest part of the rate worth a grant: half
+	// the even part among the 16 holders a bucket keeps by default. Below
+	// it a key leases batches.
+	grantMinPart = 32
 	// grantHeadroom is how much above its measured demand a holder asks:
 	// room to grow, found at the next renewal.
 	grantHeadroom = 1.25
@@ -120,7 +124,7 @@ func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
 	lim := p.tier(e).limits[0]
 	perSec := float64(lim.Rate) / lim.Period.Seconds()
 	g := &e.extra().grant
-	if rate < max(perSec/float64(2*remote.DefaultMaxHolders), 1) {
+	if rate < max(perSec/grantMinPart, 1) {
 		g.hotFrom.Store(0)
 		return
 	}

@@ -343,7 +343,7 @@ func TestEvictionPolicyWarning(t *testing.T) {
 		warn   int
 	}{{"allkeys-lru", 1}, {"volatile-lru", 1}, {"noeviction", 0}} {
 		srv := redistest.NewServer(t, "--maxmemory-policy", tc.policy)
-		logs := &logCounter{want: "may evict"}
+		logs := &logCounter{want: "store misconfigured"}
 		l, err := New(remote.NewRedis(srv.Client(t)), Policy{Name: "evict", Limit: PerSecond(100)}, WithLogger(slog.New(logs)))
 		require.NoError(t, err)
 		if tc.warn > 0 {

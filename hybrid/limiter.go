@@ -86,18 +86,13 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 // start checks the store's configuration and launches the background
 // loops.
 func (l *Limiter) start() {
-	if rs, ok := l.store.Unwrap().(interface{ Check() error }); ok {
-		if err := rs.Check(); err != nil {
-			l.cfg.logger.Warn("leasehold: store misconfigured", slog.String("error", err.Error()))
-		}
-	}
-	if rs, ok := l.store.Unwrap().(interface{ CheckEviction(context.Context) error }); ok {
+	if rs, ok := l.store.Unwrap().(interface{ Check(context.Context) error }); ok {
 		// A round trip: in the background, so New never waits on the store.
 		l.bg.after(0, func() {
 			ctx, cancel := context.WithTimeout(l.bg.ctx, l.cfg.refillTimeout)
 			defer cancel()
-			if err := rs.CheckEviction(ctx); err != nil {
-				l.cfg.logger.Warn("leasehold: store may evict buckets", slog.String("error", err.Error()))
+			if err := rs.Check(ctx); err != nil {
+				l.cfg.logger.Warn("leasehold: store misconfigured", slog.String("error", err.Error()))
 			}
 		})
 	}

@@ -155,27 +155,8 @@ func (s *state) refill(now micros) {
 // apply runs op on the bucket at store time now (µs) and returns the new
 // state and the reply. It mirrors bucketLua step for step.
 func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros) (state, Result) {
-	stale := false
 	st.grants = slices.Clone(st.grants)
-	if !exists {
-		// Redis keeps grants in a key of their own, which outlives the
-		// bucket only if someone evicted the bucket: here both go together.
-		st = state{level: m.Burst, last: now, version: r.Version, burst: m.Burst, rate: m.Rate, per: m.Per}
-	} else if st.version > r.Version {
-		stale = true
-		st.refill(now)
-	} else if st.version < r.Version || st.burst != m.Burst || st.rate != m.Rate || st.per != m.Per {
-		st.refill(now)
-		st.grants, st.gfrac = nil, 0 // a new limit ends every grant
-		if st.level >= 0 {
-			used := min(st.burst-st.level, m.Burst)
-			st.level = m.Burst - used
-		}
-		st.carry, st.version, st.burst, st.rate, st.per = 0, r.Version, m.Burst, m.Rate, m.Per
-	} else {
-		st.refill(now)
-	}
-
+	stale := st.bring(exists, r, m, now)
 	var granted, delay, retry int64
 	switch op {
 	case OpLease:
@@ -192,20 +173,9 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 			granted, delay, retry = st.grant(r, now)
 		}
 	case opUngrant:
-		if i := st.find(r.grant.holder); i >= 0 {
-			st.level += min(r.N, st.grants[i].burst)
-			st.grants = slices.Delete(st.grants, i, i+1)
-		}
-		st.giveBack(0)
+		st.ungrant(r)
 	}
-	// The bucket outlives every grant: absent means full, and full is
-	// only true once the grants are gone.
-	reset := st.waitFor(st.level, st.burst)
-	maxExp := now
-	for _, g := range st.grants {
-		maxExp = max(maxExp, g.exp)
-	}
-	reset += maxExp.since(now)
+	reset := st.resetAfter(now)
 	holders := len(st.grants)
 	if holders == 0 {
 		st.grants, st.gfrac = nil, 0 // the script deletes the grants key
@@ -222,6 +192,53 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 		Created:    !exists,
 		Holders:    holders,
 	}
+}
+
+// bring brings the bucket to now under r's limit m: a full bucket when
+// it did not exist, a refill, and a rescale when the limit changed. It
+// reports a request older than the bucket's version.
+func (st *state) bring(exists bool, r *Request, m exact.Micros, now micros) (stale bool) {
+	switch {
+	case !exists:
+		// Redis keeps grants in a key of their own, which outlives the
+		// bucket only if someone evicted the bucket: here both go together.
+		*st = state{level: m.Burst, last: now, version: r.Version, burst: m.Burst, rate: m.Rate, per: m.Per}
+	case st.version > r.Version:
+		st.refill(now)
+		return true
+	case st.version < r.Version || st.burst != m.Burst || st.rate != m.Rate || st.per != m.Per:
+		st.refill(now)
+		st.grants, st.gfrac = nil, 0 // a new limit ends every grant
+		if st.level >= 0 {
+			used := min(st.burst-st.level, m.Burst)
+			st.level = m.Burst - used
+		}
+		st.carry, st.version, st.burst, st.rate, st.per = 0, r.Version, m.Burst, m.Rate, m.Per
+	default:
+		st.refill(now)
+	}
+	return false
+}
+
+// ungrant ends r's holder's grant: the unspent part of its burst (r.N)
+// comes back to the level.
+func (st *state) ungrant(r *Request) {
+	if i := st.find(r.grant.holder); i >= 0 {
+		st.level += min(r.N, st.grants[i].burst)
+		st.grants = slices.Delete(st.grants, i, i+1)
+	}
+	st.giveBack(0)
+}
+
+// resetAfter is how long until the bucket is full (µs) and every grant
+// has expired: absent means full, and full is only true once the grants
+// are gone, so the bucket outlives every grant.
+func (st *state) resetAfter(now micros) int64 {
+	maxExp := now
+	for _, g := range st.grants {
+		maxExp = max(maxExp, g.exp)
+	}
+	return st.waitFor(st.level, st.burst) + maxExp.since(now)
 }
 
 // giveBack adds n to the level, up to the cap the grants leave.

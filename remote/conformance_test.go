@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/leasehold/leasehold/internal/keys"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/keys"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/local"
 	"github.com/redis/go-redis/v9"
@@ -508,11 +509,20 @@ func TestCheckClient(t *testing.T) {
 	good := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer bad.Close()
 	defer good.Close()
-	if err := NewRedis(bad).Check(); err == nil {
-		t.Error("Check() on a client without ContextTimeoutEnabled = nil")
+	if err := checkClient(bad); err == nil {
+		t.Error("checkClient on a client without ContextTimeoutEnabled = nil")
 	}
-	if err := NewRedis(good).Check(); err != nil {
-		t.Errorf("Check() on a well-configured client = %v", err)
+	if err := checkClient(good); err != nil {
+		t.Errorf("checkClient on a well-configured client = %v", err)
+	}
+	// The eviction half skips a server it cannot ask.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := NewRedis(good).Check(ctx); err != nil {
+		t.Errorf("Check on a well-configured client without a server = %v", err)
+	}
+	if err := NewRedis(bad).Check(ctx); err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
+		t.Errorf("Check on a client without ContextTimeoutEnabled = %v", err)
 	}
 }
 

@@ -40,9 +40,9 @@ const (
 	// µs) of a bucket that takes grants, so that the refill in per·G units
 	// stays exact in a double.
 	maxGrantRatePer = int64(1) << 53 / (grantUnits * grantUnits)
-	// DefaultMaxHolders is how many grants a bucket keeps unless a
+	// defaultMaxHolders is how many grants a bucket keeps unless a
 	// request says otherwise; past it, processes lease batches.
-	DefaultMaxHolders = 16
+	defaultMaxHolders = 16
 	// grantRetry bounds the wait a refusal names when the grants leave
 	// the bucket no rate: holders give rate back at their renewals, which
 	// the bucket cannot foresee.
@@ -82,8 +82,7 @@ type GrantRequest struct {
 	// Term is how long the grant lasts from the call, by the store's
 	// clock.
 	Term time.Duration
-	// MaxHolders is the most grants the bucket keeps; 0 means
-	// DefaultMaxHolders.
+	// MaxHolders is the most grants the bucket keeps; 0 means 16.
 	MaxHolders int
 }
 
@@ -145,7 +144,7 @@ func grantOp(op Op, r GrantRequest, unspent int64) (Request, grantArgs, exact.Mi
 	}
 	g := grantArgs{holder: r.Holder, running: r.Running, term: r.Term.Microseconds(), maxHolders: int64(r.MaxHolders), burst: r.Burst}
 	if g.maxHolders <= 0 {
-		g.maxHolders = DefaultMaxHolders
+		g.maxHolders = defaultMaxHolders
 	}
 	switch op {
 	case opGrant:
@@ -196,31 +195,21 @@ func validateHolder(h string) error {
 
 func grantsKey(r *Request) string { return keys.Grants(r.Prefix, r.Policy, r.Tier, r.Key) }
 
-// Grant implements Granter.
-func (s *RedisStore) Grant(ctx context.Context, r GrantRequest) (Grant, error) {
-	return grantWith(ctx, s.grantCall, r)
-}
-
-// Ungrant implements Granter.
-func (s *RedisStore) Ungrant(ctx context.Context, r GrantRequest, unspent int64) (Result, error) {
-	return ungrantWith(ctx, s.grantCall, r, unspent)
-}
-
 // grantCaller runs one grant operation on a store.
 type grantCaller func(ctx context.Context, op Op, r GrantRequest, unspent int64) (Result, error)
 
-// grantWith runs a grant through call and reads its reply.
-func grantWith(ctx context.Context, call grantCaller, r GrantRequest) (Grant, error) {
-	res, err := call(ctx, opGrant, r, 0)
+// Grant implements Granter.
+func (o ops) Grant(ctx context.Context, r GrantRequest) (Grant, error) {
+	res, err := o.grant(ctx, opGrant, r, 0)
 	if err != nil {
 		return Grant{}, err
 	}
 	return grantFrom(res, r), nil
 }
 
-// ungrantWith gives a grant back through call.
-func ungrantWith(ctx context.Context, call grantCaller, r GrantRequest, unspent int64) (Result, error) {
-	res, err := call(ctx, opUngrant, r, unspent)
+// Ungrant implements Granter.
+func (o ops) Ungrant(ctx context.Context, r GrantRequest, unspent int64) (Result, error) {
+	res, err := o.grant(ctx, opUngrant, r, unspent)
 	if err != nil {
 		return Result{}, err
 	}
@@ -253,16 +242,6 @@ func grantFrom(res Result, r GrantRequest) Grant {
 	}
 	g.Result.Granted, g.Result.Delay, g.Result.RetryAfter = 0, 0, 0
 	return g
-}
-
-// Grant implements Granter.
-func (s *MemoryStore) Grant(ctx context.Context, r GrantRequest) (Grant, error) {
-	return grantWith(ctx, s.grantCall, r)
-}
-
-// Ungrant implements Granter.
-func (s *MemoryStore) Ungrant(ctx context.Context, r GrantRequest, unspent int64) (Result, error) {
-	return ungrantWith(ctx, s.grantCall, r, unspent)
 }
 
 func (s *MemoryStore) grantCall(ctx context.Context, op Op, r GrantRequest, unspent int64) (Result, error) {

@@ -183,12 +183,12 @@ func TestGrantDivision(t *testing.T) {
 		}
 	})
 	t.Run("past the holder bound, no grant", func(t *testing.T) {
-		for i := range DefaultMaxHolders {
+		for i := range defaultMaxHolders {
 			if g := ask("bounded", fmt.Sprint("h", i), 10, 0); g.Share != 10 {
 				t.Fatalf("holder %d: %+v", i, g)
 			}
 		}
-		if g := ask("bounded", "one-too-many", 10, 0); g.Share != 0 || g.Holders != DefaultMaxHolders {
+		if g := ask("bounded", "one-too-many", 10, 0); g.Share != 0 || g.Holders != defaultMaxHolders {
 			t.Fatalf("past the bound: %+v", g)
 		}
 	})

@@ -16,6 +16,7 @@ import (
 // A MemoryStore is safe for concurrent use. The zero value is not usable;
 // call NewMemory.
 type MemoryStore struct {
+	ops
 	clk      clock.Clock
 	fleet    memFleet
 	records  memRecords // a tier's pools and region records
@@ -43,23 +44,9 @@ func NewMemory(c clock.Clock) *MemoryStore {
 		c = clock.Real()
 	}
 	s := &MemoryStore{clk: c}
+	s.ops = ops{do: s.do, grant: s.grantCall}
 	s.mu.buckets = make(map[string]memBucket)
 	return s
-}
-
-// Lease implements Store.
-func (s *MemoryStore) Lease(ctx context.Context, r Request) (Result, error) {
-	return s.do(ctx, OpLease, r)
-}
-
-// Return implements Store.
-func (s *MemoryStore) Return(ctx context.Context, r Request) (Result, error) {
-	return s.do(ctx, OpReturn, r)
-}
-
-// Debit implements Store.
-func (s *MemoryStore) Debit(ctx context.Context, r Request) (Result, error) {
-	return s.do(ctx, OpDebit, r)
 }
 
 // Batch implements Store.

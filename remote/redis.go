@@ -30,6 +30,7 @@ import (
 // call NewRedis. It does not own the client: closing the client is the
 // caller's job.
 type RedisStore struct {
+	ops
 	c redis.UniversalClient
 	// reload asks a Cluster client to refresh its slot map; nil for other
 	// clients or when WithClusterReload(false).
@@ -86,6 +87,7 @@ func NewRedis(c redis.UniversalClient, opts ...RedisOption) *RedisStore {
 		o.apply(&cfg)
 	}
 	s := &RedisStore{c: c}
+	s.ops = ops{do: s.do, grant: s.grantCall}
 	if cc, ok := c.(*redis.ClusterClient); ok && cfg.clusterReload {
 		s.reload = func() { cc.ReloadState(context.Background()) }
 	}
@@ -119,16 +121,24 @@ func checkClient(c redis.UniversalClient) error {
 	return nil
 }
 
-// Check runs checkClient on the store's client.
-func (s *RedisStore) Check() error { return checkClient(s.c) }
+// Check reports, as one error, settings that keep the store from meeting
+// its promises:
+//   - a go-redis client without ContextTimeoutEnabled (see checkClient);
+//   - a server whose maxmemory-policy may evict leasehold's keys: an
+//     allkeys-* policy evicts buckets like any key, and a volatile-* policy
+//     evicts them first, since every key leasehold writes has a TTL. An
+//     evicted bucket comes back full, so the fleet admits a fresh burst.
+//
+// It returns nil for a well-built client on noeviction. The eviction check
+// is a round trip (CONFIG GET on every master) and is skipped when the
+// server does not allow CONFIG GET (managed services often rename it).
+// hybrid.New runs Check in the background and logs what it reports.
+func (s *RedisStore) Check(ctx context.Context) error {
+	return errors.Join(checkClient(s.c), s.checkEviction(ctx))
+}
 
-// CheckEviction reports, as an error, a server whose maxmemory-policy may
-// evict leasehold's keys: an allkeys-* policy evicts buckets like any key,
-// and a volatile-* policy evicts them first, since every key leasehold
-// writes has a TTL. An evicted bucket comes back full, so the fleet admits
-// a fresh burst. It returns nil for noeviction, and when the server does
-// not allow CONFIG GET (managed services often rename it).
-func (s *RedisStore) CheckEviction(ctx context.Context) error {
+// checkEviction is Check's eviction half.
+func (s *RedisStore) checkEviction(ctx context.Context) error {
 	check := func(ctx context.Context, c *redis.Client) error {
 		v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
 		if err != nil {
@@ -160,21 +170,6 @@ func (s *RedisStore) CheckEviction(ctx context.Context) error {
 
 // Client returns the client the store runs on.
 func (s *RedisStore) Client() redis.UniversalClient { return s.c }
-
-// Lease implements Store.
-func (s *RedisStore) Lease(ctx context.Context, r Request) (Result, error) {
-	return s.do(ctx, OpLease, r)
-}
-
-// Return implements Store.
-func (s *RedisStore) Return(ctx context.Context, r Request) (Result, error) {
-	return s.do(ctx, OpReturn, r)
-}
-
-// Debit implements Store.
-func (s *RedisStore) Debit(ctx context.Context, r Request) (Result, error) {
-	return s.do(ctx, OpDebit, r)
-}
 
 func (s *RedisStore) do(ctx context.Context, op Op, r Request) (Result, error) {
 	keys, script, args, err := scriptArgs(op, &r)

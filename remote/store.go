@@ -267,3 +267,20 @@ func validate(op Op, r *Request) (exact.Micros, error) {
 	}
 	return m, nil
 }
+
+// ops holds the operations both stores define the same way over their
+// own calls: do runs a bucket operation (Lua on Redis, its Go twin in
+// memory) and grant a grant operation.
+type ops struct {
+	do    func(ctx context.Context, op Op, r Request) (Result, error)
+	grant grantCaller
+}
+
+// Lease implements Store.
+func (o ops) Lease(ctx context.Context, r Request) (Result, error) { return o.do(ctx, OpLease, r) }
+
+// Return implements Store.
+func (o ops) Return(ctx context.Context, r Request) (Result, error) { return o.do(ctx, OpReturn, r) }
+
+// Debit implements Store.
+func (o ops) Debit(ctx context.Context, r Request) (Result, error) { return o.do(ctx, OpDebit, r) }

@@ -142,7 +142,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	err = cmd(ctx, remote.NewRedis(c), *prefix, stdout)
+	return exitCode(cmd(ctx, remote.NewRedis(c), *prefix, stdout), u, stderr)
+}
+
+// exitCode reports a command's error on stderr in one line and returns the
+// exit code: 2 for bad usage or input, 1 for anything else.
+func exitCode(err error, url string, stderr io.Writer) int {
 	switch {
 	case err == nil:
 		return 0
@@ -150,7 +155,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "leasehold:", err)
 		return 2
 	case errors.Is(err, remote.ErrUnavailable):
-		fmt.Fprintf(stderr, "leasehold: cannot reach Redis at %s: %v\n", redisurl.Redacted(u), rootCause(err))
+		fmt.Fprintf(stderr, "leasehold: cannot reach Redis at %s: %v\n", redisurl.Redacted(url), rootCause(err))
 		return 1
 	}
 	fmt.Fprintln(stderr, "leasehold:", err)
