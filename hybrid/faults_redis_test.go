@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -146,6 +147,99 @@ func TestClusterFailover(t *testing.T) {
 	}
 }
 
+// TestSentinelFailover: a master watched by 3 sentinels, with 1 replica,
+// loses its process (kill -9) under load at half the limit. With a default
+// go-redis FailoverClient the limiters are healthy again within 2 s of the
+// promotion (the client follows the sentinels' +switch-master), and at most
+// 1% of decisions are refused.
+func TestSentinelFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts sentinels")
+	}
+	t.Parallel()
+	sn := redistest.NewSentinels(t, "leasehold", 1, 3, time.Second)
+	lims := newFleet(t, 4, Policy{Name: "sentinel", Limit: PerSecond(2000)}, func(t *testing.T) redis.UniversalClient {
+		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sn.Name, SentinelAddrs: sn.Addrs(), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	})
+	var all tally
+	ctx, cancel := context.WithCancel(context.Background())
+	var phase atomic.Int32 // 0 before the kill, 1 until the promotion, 2 until every limiter is healthy, 3 after
+	var phases [4]tally
+	var dbgMu sync.Mutex
+	var dbgRef []string
+	var refusedBy [4][8]atomic.Int64
+	start := time.Now()
+	done := paced(ctx, lims, 4, 250.0/4, "sentinel", func(at time.Time, d Decision, err error, took time.Duration) {
+		ph := phase.Load()
+		all.record(d, err, took)
+		phases[ph].record(d, err, took)
+		if err == nil && !d.Allowed {
+			refusedBy[ph][d.Source].Add(1)
+			if ph == 1 {
+				dbgMu.Lock()
+				dbgRef = append(dbgRef, fmt.Sprintf("%v:%v", at.Sub(start).Round(time.Millisecond), d.RetryAfter.Round(time.Microsecond)))
+				dbgMu.Unlock()
+			}
+		}
+	})
+	_ = start
+	defer func() { t.Logf("DEBUG refusals %v", dbgRef) }()
+	defer func() { cancel(); done.Wait() }()
+	time.Sleep(time.Second) // load before the fault
+	sentinel := redis.NewSentinelClient(&redis.Options{Addr: sn.Addrs()[0]})
+	defer sentinel.Close()
+	masterAddr := func() string {
+		a, err := sentinel.GetMasterAddrByName(context.Background(), sn.Name).Result()
+		if err != nil || len(a) != 2 {
+			return ""
+		}
+		return net.JoinHostPort(a[0], a[1])
+	}
+	require.Equal(t, sn.Master.Addr, masterAddr())
+	require.NoError(t, sn.Master.Kill())
+	phase.Store(1)
+	cut := time.Now()
+	var promoted time.Time
+	deadline := time.Now().Add(30 * time.Second)
+	for promoted.IsZero() {
+		if a := masterAddr(); a != "" && a != sn.Master.Addr {
+			promoted = time.Now()
+			phase.Store(2)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no replica promoted within 30 s")
+		}
+		time.Sleep(10 * time.Millisecond) // polling the sentinels with a deadline
+	}
+	eventually(t, "every limiter healthy", func() bool { return allHealthy(lims) })
+	healthy := time.Since(promoted)
+	phase.Store(3)
+	time.Sleep(time.Second) // load after the recovery
+	for ph, name := range []string{"before the kill", "until the promotion", "until healthy", "after"} {
+		var by []string
+		for src := range refusedBy[ph] {
+			if n := refusedBy[ph][src].Load(); n > 0 {
+				by = append(by, fmt.Sprintf("%v %d", Source(src), n))
+			}
+		}
+		t.Logf("%s: %d decisions, %.2f%% refused (%s)", name, phases[ph].offered.Load(), phases[ph].refusedPct(), strings.Join(by, ", "))
+	}
+	t.Logf("sentinel: promoted %v after the kill; every limiter healthy %v after the promotion; %d decisions, %.2f%% refused, %d errors",
+		promoted.Sub(cut).Round(time.Millisecond), healthy.Round(time.Millisecond), all.offered.Load(), all.refusedPct(), all.errors.Load())
+	if healthy > 2*time.Second {
+		t.Errorf("limiters healthy %v after the promotion, want ≤ 2s", healthy)
+	}
+	if all.refusedPct() > 1 {
+		t.Errorf("%.2f%% refused at half the limit, want ≤ 1%%", all.refusedPct())
+	}
+	if all.errors.Load() != 0 {
+		t.Fatalf("%d decisions returned errors", all.errors.Load())
+	}
+}
+
 // TestSlowRedisIsNotRefused: Redis pauses 300 ms every 600 ms, below the
 // breaker's latency threshold, with demand at half the limit. Decisions the
 // store is too slow for are made by the degraded share and charged later:
@@ -262,6 +356,59 @@ func (h *modeCounter) Handle(_ context.Context, r slog.Record) error {
 		return true
 	})
 	return nil
+}
+
+// TestOOMPersistent: Redis out of memory with noeviction for good, two
+// limiters at twice the limit. While writes fail, each limiter goes
+// degraded once and never back (a read that succeeds is no recovery), and
+// the fleet admits within Burst + Rate·t over the whole run: the bucket's
+// part before the fault, then the degraded shares (the fleet counted by
+// heartbeats before the fault), which start empty.
+func TestOOMPersistent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("4 s of OOM")
+	}
+	t.Parallel()
+	srv := redistest.NewServer(t, "--maxmemory-policy", "noeviction")
+	c := srv.Client(t)
+	limit := PerSecond(1000)
+	counters := make([]*modeCounter, 2)
+	lims := make([]*Limiter, 2)
+	for i := range lims {
+		counters[i] = &modeCounter{to: map[string]int{}}
+		lims[i] = newFleet(t, 1, Policy{Name: "oom", Limit: limit}, dial(srv),
+			WithLogger(slog.New(counters[i])), WithPolicyPoll(50*time.Millisecond))[0]
+	}
+	var all tally
+	ctx, cancel := context.WithCancel(context.Background())
+	start := time.Now()
+	done := windows(ctx, lims, float64(limit.Rate), "oom-persistent", func(time.Duration) *tally { return &all })
+	// Past one heartbeat interval, so that each limiter has counted the
+	// other: a member that joined within the last interval is not yet in
+	// its peers' count (RELIABILITY.md).
+	time.Sleep(1500 * time.Millisecond)
+	require.NoError(t, c.ConfigSet(context.Background(), "maxmemory", "1").Err())
+	require.ErrorContains(t, c.Set(context.Background(), "probe", "x", 0).Err(), "OOM")
+	time.Sleep(4 * time.Second)
+	cancel()
+	done.Wait()
+	elapsed := time.Since(start)
+	bound := float64(limit.Burst) + float64(limit.Rate)*elapsed.Seconds()
+	t.Logf("persistent OOM: %d admitted of %d offered in %v, bound %.0f (%.2f%%)",
+		all.admitted.Load(), all.offered.Load(), elapsed.Round(time.Millisecond), bound, 100*float64(all.admitted.Load())/bound)
+	if float64(all.admitted.Load()) > bound {
+		t.Errorf("admitted %d > Burst + Rate·t = %.0f", all.admitted.Load(), bound)
+	}
+	for i, mc := range counters {
+		t.Logf("limiter %d: %d changes to degraded, %d to recovering, %d to healthy", i, mc.count("degraded"), mc.count("recovering"), mc.count("healthy"))
+		if mc.count("degraded") != 1 || mc.count("recovering") != 0 || mc.count("healthy") != 0 {
+			t.Errorf("limiter %d changed mode while writes failed: to degraded %d, recovering %d, healthy %d; want 1, 0, 0",
+				i, mc.count("degraded"), mc.count("recovering"), mc.count("healthy"))
+		}
+	}
+	if all.errors.Load() != 0 {
+		t.Fatalf("%d errors", all.errors.Load())
+	}
 }
 
 func (h *modeCounter) count(mode string) int {

@@ -249,6 +249,13 @@ func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
 	return p.tier(e).limits[0].TokensIn(ls.cfg.maxDelay/2) / n
 }
 
+// atLimit reports a key at its limit: tokens are reserved for it, or its
+// last answer left the bucket below one maximum lease (below zero: tokens
+// future-dated or owed).
+func atLimit(e *entry, t *tierState) bool {
+	return e.reserved() > 0 || e.answer.level.Load() < t.maxLease
+}
+
 // apply records a lease reply on e under p, for a request that needed need
 // tokens, sent at start and answered at now.
 func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need int64, start, now mono) fetchOutcome {

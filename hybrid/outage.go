@@ -153,13 +153,30 @@ func (o *outage) degradedBucket(e *entry, t *tierState, now mono) *local.Bucket 
 			// refills at its rate instead of granting a fresh burst. That
 			// emptiness was never admitted: count it as charged, so a
 			// settlement charges admissions only.
-			b.Empty(int64(now))
+			//
+			// On a contended key the bucket had also future-dated the
+			// next stretch of its rate to peers, who spend it at the full
+			// rate until their own breaker opens: the share starts after
+			// one such grant (see contendedShare), which it would
+			// otherwise spend a second time.
+			b.Empty(int64(now.add(o.peerGrantSpan(e, t))))
 			x.charged = share.Burst
 		}
 		x.bucket, x.share = b, share
 	}
 	x.used = now
 	return x.bucket
+}
+
+// peerGrantSpan is how long a peer's future-dated grant on e runs at the
+// bucket's rate, when e was contended at its last answer: a grant is Rate/N
+// over half the maximum reservation, so it spans maxDelay/(2N). 0 for a key
+// that was not contended or when reservations are off.
+func (o *outage) peerGrantSpan(e *entry, t *tierState) time.Duration {
+	if o.cfg.maxDelay <= 0 || !atLimit(e, t) {
+		return 0
+	}
+	return o.cfg.maxDelay / time.Duration(2*max(o.size(), 1))
 }
 
 // shareOf is one process's part of lim among n: Burst/N (at least 1) and

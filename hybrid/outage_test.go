@@ -3,6 +3,7 @@ package hybrid
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -194,5 +195,63 @@ func TestSecondOutageStartsEmpty(t *testing.T) {
 			w.clk.Advance(250 * time.Millisecond)
 			l.Allow(ctx, "k")
 		}
+	}
+}
+
+// laggy is a Store whose bucket calls take delay each: longer than the
+// store timeout, shorter than the breaker's latency threshold.
+type laggy struct {
+	remote.Store
+	delay time.Duration
+}
+
+func (s *laggy) wait(ctx context.Context) error {
+	t := time.NewTimer(s.delay) // the store's own latency, not a test waiting for a condition
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return errors.Join(remote.ErrUnavailable, ctx.Err())
+	}
+}
+
+func (s *laggy) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if err := s.wait(ctx); err != nil {
+		return remote.Result{}, err
+	}
+	return s.Store.Lease(ctx, r)
+}
+
+// TestSlowStoreAtLimitKeepsBound: one of two limiters gets every answer
+// 120 ms late (past the 50 ms store timeout, under the breaker's 500 ms
+// threshold) while the other's store answers at once, both at several
+// times the limit. The slow one's decisions are not made by its degraded
+// share on top of the bucket its peer drains: the fleet stays within
+// Burst + Rate·t.
+func TestSlowStoreAtLimitKeepsBound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("2 s of load")
+	}
+	store := remote.NewMemory(nil)
+	p := Policy{Name: "slow-at-limit", Limit: Limit{Rate: 1000, Period: time.Second, Burst: 100}}
+	fast, err := New(store, p, quiet, WithFleetSize(2))
+	require.NoError(t, err)
+	slow, err := New(&laggy{Store: store, delay: 120 * time.Millisecond}, p, quiet, WithFleetSize(2))
+	require.NoError(t, err)
+	lims := []*Limiter{fast, slow}
+	admitted, offered, elapsed := hammer(lims, 4, 2*time.Second, func(*rand.Rand) string { return "k" })
+	for _, l := range lims {
+		require.NoError(t, l.Close(context.Background()))
+	}
+	bound := p.Limit.Burst + p.Limit.TokensIn(elapsed)
+	t.Logf("offered %d, admitted %d, bound %d (%.2f%%); slow limiter: %d mode changes, %d by the degraded share, %d refused by the store's last answer",
+		offered["k"], admitted["k"], bound, 100*float64(admitted["k"])/float64(bound),
+		slow.Stats().ModeChanges, slow.Stats().Source(SourceDegraded).Admitted, slow.Stats().Source(SourceRemote).Rejected)
+	if offered["k"] < 3*bound {
+		t.Fatalf("offered %d < 3× bound %d: the key was not at its limit", offered["k"], bound)
+	}
+	if admitted["k"] > bound {
+		t.Fatalf("admitted %d > Burst + Rate·t = %d", admitted["k"], bound)
 	}
 }
