@@ -167,25 +167,16 @@ func TestSentinelFailover(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var phase atomic.Int32 // 0 before the kill, 1 until the promotion, 2 until every limiter is healthy, 3 after
 	var phases [4]tally
-	var dbgMu sync.Mutex
-	var dbgRef []string
 	var refusedBy [4][8]atomic.Int64
-	start := time.Now()
-	done := paced(ctx, lims, 4, 250.0/4, "sentinel", func(at time.Time, d Decision, err error, took time.Duration) {
+	done := paced(ctx, lims, 4, 250.0/4, "sentinel", func(_ time.Time, d Decision, err error, took time.Duration) {
 		ph := phase.Load()
 		all.record(d, err, took)
 		phases[ph].record(d, err, took)
 		if err == nil && !d.Allowed {
 			refusedBy[ph][d.Source].Add(1)
-			if ph == 1 {
-				dbgMu.Lock()
-				dbgRef = append(dbgRef, fmt.Sprintf("%v:%v", at.Sub(start).Round(time.Millisecond), d.RetryAfter.Round(time.Microsecond)))
-				dbgMu.Unlock()
-			}
 		}
 	})
-	_ = start
-	defer func() { t.Logf("DEBUG refusals %v", dbgRef) }()
+
 	defer func() { cancel(); done.Wait() }()
 	time.Sleep(time.Second) // load before the fault
 	sentinel := redis.NewSentinelClient(&redis.Options{Addr: sn.Addrs()[0]})

@@ -133,7 +133,11 @@ func (l *Limiter) checkMode() {
 	switch {
 	case !t.changed():
 	case t.to == ModeDegraded:
-		l.outage.began(l.cfg.now())
+		if t.from != ModeRecovering {
+			// From recovering, the outage goes on (the recovery never
+			// finished): its shares keep what they have.
+			l.outage.began(l.cfg.now())
+		}
 		// Reserved tokens fall due during the outage, which the degraded
 		// share already covers: spending them, or giving them back once
 		// the store answers (after the outage's debt is charged), would

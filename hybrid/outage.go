@@ -148,19 +148,29 @@ func (o *outage) degradedBucket(e *entry, t *tierState, now mono) *local.Bucket 
 		// one starts from its own.
 		x.charged, x.chargedAt = 0, now
 		if e.answer.seen() || x.bucket != nil {
-			// The key was in use when the store went away: its global
-			// bucket was likely drawn down, so the share starts empty and
-			// refills at its rate instead of granting a fresh burst. That
-			// emptiness was never admitted: count it as charged, so a
-			// settlement charges admissions only.
+			// The key was in use when the store went away: the share
+			// starts with this process's part of what the bucket held at
+			// its last answer, not a fresh burst on top of a bucket that
+			// was drawn down. At the limit that is nothing: the share
+			// refills at its rate. What it starts without was never
+			// admitted: count it as charged, so a settlement charges
+			// admissions only.
 			//
-			// On a contended key the bucket had also future-dated the
+			// On a key at its limit the bucket had also future-dated the
 			// next stretch of its rate to peers, who spend it at the full
 			// rate until their own breaker opens: the share starts after
 			// one such grant (see contendedShare), which it would
 			// otherwise spend a second time.
-			b.Empty(int64(now.add(o.peerGrantSpan(e, t))))
-			x.charged = share.Burst
+			start := int64(0)
+			if !atLimit(e, t) {
+				start = min(max(e.answer.level.Load(), 0)/int64(max(o.size(), 1)), share.Burst)
+			}
+			if start > 0 {
+				b.SetTokens(int64(now), start)
+			} else {
+				b.Empty(int64(now.add(o.peerGrantSpan(e, t))))
+			}
+			x.charged = share.Burst - start
 		}
 		x.bucket, x.share = b, share
 	}

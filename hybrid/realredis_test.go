@@ -333,11 +333,9 @@ func TestRejectionsCostNoRoundTrips(t *testing.T) {
 		degraded := fleetStats(lims).Source(SourceDegraded).Admitted
 		t.Logf("%d goroutines per limiter: offered %d, admitted %d (bound %d), %d of them by the degraded share, %d script calls in Redis",
 			g, off, adm, bound, degraded, calls[i])
-		// As in TestExactBoundUnderLoad: decisions the store was too slow
-		// for (a CPU-starved run) are decided by the degraded share and
-		// charged later (DESIGN #10); the exact bound is for what the
-		// store granted. That slowness costs the bound is issue 22's.
-		if adm-degraded > bound {
+		// Strict, as in TestExactBoundUnderLoad: a key at its limit refuses
+		// what the store is too slow to answer.
+		if adm > bound {
 			t.Fatalf("admitted %d (%d by the degraded share) > bound %d", adm, degraded, bound)
 		}
 		for _, l := range lims {
@@ -349,7 +347,10 @@ func TestRejectionsCostNoRoundTrips(t *testing.T) {
 		// demand, so there is nothing to compare: the bound was checked.
 		t.Skipf("doubling goroutines raised demand only from %d to %d: the machine is too busy to compare store calls", offered[0], offered[1])
 	}
-	if float64(calls[1]) > 1.3*float64(calls[0]) {
+	// Call counts move with scheduling: alone on this 2-core machine the
+	// ratio was 0.91–0.93, beside the rest of the suite up to 1.56. Calls
+	// that followed demand would double them.
+	if float64(calls[1]) > 1.7*float64(calls[0]) {
 		t.Fatalf("store calls went from %d to %d when demand doubled", calls[0], calls[1])
 	}
 }
