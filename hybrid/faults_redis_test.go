@@ -349,6 +349,21 @@ func (h *modeCounter) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
+// oomFleet starts a Redis with noeviction and two limiters on it under
+// limit, each counting its mode changes.
+func oomFleet(t *testing.T, limit Limit) (*redis.Client, []*Limiter, []*modeCounter) {
+	t.Helper()
+	srv := redistest.NewServer(t, "--maxmemory-policy", "noeviction")
+	counters := make([]*modeCounter, 2)
+	lims := make([]*Limiter, 2)
+	for i := range lims {
+		counters[i] = &modeCounter{to: map[string]int{}}
+		lims[i] = newFleet(t, 1, Policy{Name: "oom", Limit: limit}, dial(srv),
+			WithLogger(slog.New(counters[i])), WithPolicyPoll(50*time.Millisecond))[0]
+	}
+	return srv.Client(t), lims, counters
+}
+
 // TestOOMPersistent: Redis out of memory with noeviction for good, two
 // limiters at twice the limit. While writes fail, each limiter goes
 // degraded once and never back (a read that succeeds is no recovery), and
@@ -360,16 +375,8 @@ func TestOOMPersistent(t *testing.T) {
 		t.Skip("4 s of OOM")
 	}
 	t.Parallel()
-	srv := redistest.NewServer(t, "--maxmemory-policy", "noeviction")
-	c := srv.Client(t)
 	limit := PerSecond(1000)
-	counters := make([]*modeCounter, 2)
-	lims := make([]*Limiter, 2)
-	for i := range lims {
-		counters[i] = &modeCounter{to: map[string]int{}}
-		lims[i] = newFleet(t, 1, Policy{Name: "oom", Limit: limit}, dial(srv),
-			WithLogger(slog.New(counters[i])), WithPolicyPoll(50*time.Millisecond))[0]
-	}
+	c, lims, counters := oomFleet(t, limit)
 	var all tally
 	ctx, cancel := context.WithCancel(context.Background())
 	start := time.Now()
@@ -417,15 +424,7 @@ func TestOOMDoesNotFlap(t *testing.T) {
 		t.Skip("4 s of OOM")
 	}
 	t.Parallel()
-	srv := redistest.NewServer(t, "--maxmemory-policy", "noeviction")
-	c := srv.Client(t)
-	counters := make([]*modeCounter, 2)
-	lims := make([]*Limiter, 2)
-	for i := range lims {
-		counters[i] = &modeCounter{to: map[string]int{}}
-		lims[i] = newFleet(t, 1, Policy{Name: "oom", Limit: PerSecond(1000)}, dial(srv),
-			WithLogger(slog.New(counters[i])), WithPolicyPoll(50*time.Millisecond))[0]
-	}
+	c, lims, counters := oomFleet(t, PerSecond(1000))
 	var all, after tally
 	var freedAt atomic.Int64 // ns since start when memory was freed; 0 before
 	ctx, cancel := context.WithCancel(context.Background())
