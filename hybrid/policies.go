@@ -325,12 +325,14 @@ func (t *policyTracker) compareWithCode(ctx context.Context, rec remote.PolicyRe
 		if err != nil {
 			return rec, err // the next read compares again
 		}
-		t.compared.Store(true)
-		t.adopt(policyFrom(code.Name, next))
+		// Logged before anyone can see the new version: a caller that
+		// finds it adopted finds the warning written too.
 		t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
 			"leasehold: the policy in code differs from the store's record; publishing the code's as a new version (WithPolicyPrecedence)",
 			slog.String("policy", code.Name), slog.String("code", describePolicy(t.code)), slog.String("store", describePolicy(stored)),
 			slog.Uint64("version", next.Version))
+		t.compared.Store(true)
+		t.adopt(policyFrom(code.Name, next))
 		return next, nil
 	}
 	t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
