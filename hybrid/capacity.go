@@ -271,7 +271,7 @@ func (c *capacity) install(e *entry, p *policyState, cur *holding, g remote.Gran
 		carried = cur.bucket.Drain(int64(now))
 	}
 	if g.Share <= 0 || g.Burst <= 0 {
-		e.extra().grant.held.Store(nil) // kept as a holder with nothing yet: lease meanwhile
+		e.extra().grant.replace(nil) // kept as a holder with nothing yet: lease meanwhile
 		return
 	}
 	b, err := local.NewBucket(local.Limit{Rate: lim.Rate * g.Share, Period: lim.Period * remote.GrantUnits, Burst: g.Burst})
@@ -284,11 +284,18 @@ func (c *capacity) install(e *entry, p *policyState, cur *holding, g remote.Gran
 	// TIME was read after the request left: stop a margin before the term
 	// counted from the send (clock rates drift by parts per million).
 	until := sent.add(g.Term - g.Term/100 - time.Millisecond)
-	h := &holding{bucket: b, share: g.Share, until: until, version: p.Version}
-	if cur != nil {
-		h.admits.Store(cur.admits.Load())
+	e.extra().grant.replace(&holding{bucket: b, share: g.Share, until: until, version: p.Version})
+}
+
+// replace installs h (nil: none) as the key's grant and returns the one
+// it replaces, keeping what that one admitted, so that Stats never counts
+// fewer grant admissions than before.
+func (g *grantState) replace(h *holding) *holding {
+	old := g.held.Swap(h)
+	if old != nil {
+		g.admits.Add(old.admits.Load())
 	}
-	e.extra().grant.held.Store(h)
+	return old
 }
 
 // release gives e's grant back at once (Close, eviction, policy or tier
@@ -301,7 +308,7 @@ func (c *capacity) release(ctx context.Context, e *entry, p *policyState) {
 	}
 	g := &r.grant
 	c.stopTimers(e)
-	h := g.held.Swap(nil)
+	h := g.replace(nil)
 	hot := g.hotFrom.Load() != 0
 	g.hotFrom.Store(0)
 	g.answers.Store(0)
@@ -311,7 +318,6 @@ func (c *capacity) release(ctx context.Context, e *entry, p *policyState) {
 	var unspent int64
 	if h != nil {
 		unspent = h.bucket.Drain(int64(c.cfg.now()))
-		g.admits.Add(h.admits.Load())
 	}
 	req := c.request(e, p, h)
 	if h != nil && h.version != p.Version {

@@ -16,6 +16,7 @@ import (
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
+	"github.com/leasehold/leasehold/internal/testkit/logtest"
 	"github.com/leasehold/leasehold/local"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/leasehold/leasehold/remote/tiered"
@@ -118,7 +119,7 @@ func TestInvalidKeyLoggedOnce(t *testing.T) {
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
-	var logs strings.Builder
+	var logs logtest.Buffer // New's store check logs from the background
 	l, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: "api", Limit: hybrid.PerSecond(5)},
 		hybrid.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	if err != nil {

@@ -4,11 +4,11 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/internal/testkit/logtest"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/local"
 	"github.com/leasehold/leasehold/remote"
@@ -154,7 +154,7 @@ func TestPolicyInCodeVersusStore(t *testing.T) {
 			if code, out, errOut := cli(append(flags, "policy", "set", "api", "-version", "3", "-rate", "500", "-period", "1s")...); code != 0 {
 				t.Fatalf("policy set: %d %s%s", code, out, errOut)
 			}
-			var logs syncBuilder
+			var logs logtest.Buffer
 			lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: "api", Limit: hybrid.PerSecond(5)},
 				append(tc.opts, hybrid.WithPrefix(prefix), hybrid.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
 					hybrid.WithStoreTimeout(10*time.Second))...)
@@ -193,7 +193,7 @@ func TestPolicyInCodeVersusStore(t *testing.T) {
 		if code, _, errOut := cli(append(flags, "policy", "delete", "api")...); code != 1 || !strings.Contains(errOut, "no record") {
 			t.Fatalf("second delete: %d %s", code, errOut)
 		}
-		var logs syncBuilder
+		var logs logtest.Buffer
 		lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: "api", Limit: hybrid.PerSecond(5), Version: 4},
 			hybrid.WithPrefix(prefix), hybrid.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), hybrid.WithStoreTimeout(10*time.Second))
 		if err != nil {
@@ -250,23 +250,4 @@ func TestUsage(t *testing.T) {
 		!strings.Contains(errOut, "PolicyFromCode") {
 		t.Fatalf("policy diff, another limit: %d %s%s", code, out, errOut)
 	}
-}
-
-// syncBuilder is a strings.Builder a logger may write from background
-// goroutines while the test reads it.
-type syncBuilder struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuilder) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuilder) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
