@@ -90,9 +90,13 @@ func TestClusterFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts two clusters")
 	}
+	// Not parallel: the 2 s target is a timing expectation, and beside the
+	// suite's parallel load (or a CPU hog) a limiter's first calls after
+	// the promotion can be slow enough to reopen its breaker, which then
+	// waits out the 5 s recovery hold (measured 4.95–5.06 s three times;
+	// alone 1.07–1.50 s). Run alone it measures the failover itself.
 	for _, how := range []string{"kill", "failover"} {
 		t.Run(how, func(t *testing.T) {
-			t.Parallel()
 			c := redistest.NewCluster(t, time.Second)
 			key := "failover:" + how
 			lims := newFleet(t, 4, Policy{Name: "failover", Limit: PerSecond(2000)},
