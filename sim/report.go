@@ -23,6 +23,7 @@ type phase struct {
 	held     int64 // tokens the fleet held when the phase began
 
 	offered, admitted, decisions, storeCalls, errors int64
+	idle                                             int64 // decisions at the idle floor (see recorder.seen)
 	perKeyOffered, perKeyAdmitted                    map[string]int64
 	latencies                                        []time.Duration // non-zero decision latencies
 	zeroLatency                                      int64
@@ -54,6 +55,16 @@ type recorder struct {
 	// A tiered world's regions, and every admission's time.
 	regions     []regionStats
 	worldAdmits []time.Duration
+
+	// seen is when each process last decided on each key: a decision on a
+	// key its process had not decided for Burst/Rate is at the idle floor.
+	seen map[procKey]time.Duration
+}
+
+// procKey is one process's view of one key.
+type procKey struct {
+	proc int
+	key  string
 }
 
 // auditSpan is a stretch of the run under one set of limits.
@@ -63,7 +74,7 @@ type auditSpan struct {
 }
 
 func newRecorder(sc *Scenario, w *world) *recorder {
-	r := &recorder{sc: sc, w: w, recoveredAt: -1, policyChange: -1}
+	r := &recorder{sc: sc, w: w, recoveredAt: -1, policyChange: -1, seen: map[procKey]time.Duration{}}
 	keys := map[string]bool{}
 	for _, t := range sc.Traffic {
 		for k := 0; k < t.Keys; k++ {
@@ -211,6 +222,15 @@ func (r *recorder) decision(now time.Duration, proc int, key string, d hybrid.De
 		return
 	}
 	p.decisions++
+	// By Burst/Rate after a process's last decision on a key the bucket
+	// has refilled whatever it granted, so no lease that keeps the bound in
+	// every window can still hold a token for it: the decision needs a
+	// store call whatever the limiter (under the phase's limit).
+	pk := procKey{proc, key}
+	if last, ok := r.seen[pk]; !ok || now-last >= p.limit.DurationFor(p.limit.Burst) {
+		p.idle++
+	}
+	r.seen[pk] = now
 	r.regionDecision(now, r.w.procs[proc].region, d.Allowed)
 	if lat > 0 {
 		p.latencies = append(p.latencies, lat)
@@ -290,13 +310,19 @@ func (r *recorder) table(out io.Writer) {
 			p.percentile(0.5).Round(time.Microsecond), p.percentile(0.99).Round(time.Microsecond))
 	}
 	_ = tw.Flush()
+	var idle, decisions int64
+	for _, p := range r.phases {
+		idle, decisions = idle+p.idle, decisions+p.decisions
+	}
+	fmt.Fprintf(out, "idle floor: %.1f store calls/1000\n", 1000*float64(idle)/math.Max(1, float64(decisions)))
 	fmt.Fprintln(out, tableLegend)
 }
 
 // tableLegend says what the phase table's columns measure.
 const tableLegend = `servable: each key's offered demand capped at its exact bound Burst + Rate·w over the phase, summed over keys;
 utilization = admitted / servable; over-admission = admissions beyond each key's own bound, as a share of the bounds;
-wait: virtual time a decision waited for the store (0 when a lease or a cached refusal answered it).`
+wait: virtual time a decision waited for the store (0 when a lease or a cached refusal answered it);
+idle floor: decisions on a key its process had not decided for Burst/Rate, which need a store call whatever the limiter.`
 
 // verdict checks the targets; it returns the misses.
 func (r *recorder) verdict() []string {
