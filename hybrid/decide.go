@@ -298,7 +298,7 @@ func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n i
 // is told, see storeFailed), and the share decides.
 func (l *Limiter) slow(e *entry, p *policyState, n int64, now mono) Decision {
 	t := p.tier(e)
-	if alive := now.sub(l.leaser.lastOK.Load()) <= l.cfg.refillTimeout; alive && (!e.answer.seen() || atLimit(e, t)) {
+	if alive := now.sub(l.leaser.lastOK.Load()) <= l.cfg.refillTimeout; alive && atLimit(e, t) {
 		return l.reject(e, p, SourceRemote, t.est.DurationFor(n), now)
 	}
 	return l.outage.decide(e, p, n, now)

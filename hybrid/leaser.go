@@ -249,9 +249,9 @@ func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
 	return p.tier(e).limits[0].TokensIn(ls.cfg.maxDelay/2) / n
 }
 
-// atLimit reports a key at its limit: tokens are reserved for it, or its
-// last answer left the bucket below one maximum lease (below zero: tokens
-// future-dated or owed).
+// atLimit reports a key at its limit, or one the store has not answered for
+// yet (its level is -1 until then): tokens are reserved for it, or its last
+// answer left the bucket below one maximum lease.
 func atLimit(e *entry, t *tierState) bool {
 	return e.reserved() > 0 || e.answer.level.Load() < t.maxLease
 }

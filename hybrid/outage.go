@@ -161,16 +161,14 @@ func (o *outage) degradedBucket(e *entry, t *tierState, now mono) *local.Bucket 
 			// rate until their own breaker opens: the share starts after
 			// one such grant (see contendedShare), which it would
 			// otherwise spend a second time.
-			start := int64(0)
-			if !atLimit(e, t) {
-				start = min(max(e.answer.level.Load(), 0)/int64(max(o.size(), 1)), share.Burst)
-			}
-			if start > 0 {
-				b.SetTokens(int64(now), start)
+			if atLimit(e, t) {
+				b.Empty(int64(now.add(o.peerGrantSpan())))
+				x.charged = share.Burst
 			} else {
-				b.Empty(int64(now.add(o.peerGrantSpan(e, t))))
+				start := min(e.answer.level.Load()/int64(max(o.size(), 1)), share.Burst)
+				b.SetTokens(int64(now), start)
+				x.charged = share.Burst - start
 			}
-			x.charged = share.Burst - start
 		}
 		x.bucket, x.share = b, share
 	}
@@ -178,15 +176,11 @@ func (o *outage) degradedBucket(e *entry, t *tierState, now mono) *local.Bucket 
 	return x.bucket
 }
 
-// peerGrantSpan is how long a peer's future-dated grant on e runs at the
-// bucket's rate, when e was contended at its last answer: a grant is Rate/N
-// over half the maximum reservation, so it spans maxDelay/(2N). 0 for a key
-// that was not contended or when reservations are off.
-func (o *outage) peerGrantSpan(e *entry, t *tierState) time.Duration {
-	if o.cfg.maxDelay <= 0 || !atLimit(e, t) {
-		return 0
-	}
-	return o.cfg.maxDelay / time.Duration(2*max(o.size(), 1))
+// peerGrantSpan is how long a peer's future-dated grant on a key at its
+// limit runs at the bucket's rate: a grant is Rate/N over half the maximum
+// reservation, so it spans maxDelay/(2N); 0 when reservations are off.
+func (o *outage) peerGrantSpan() time.Duration {
+	return max(o.cfg.maxDelay, 0) / time.Duration(2*max(o.size(), 1))
 }
 
 // shareOf is one process's part of lim among n: Burst/N (at least 1) and
