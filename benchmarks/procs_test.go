@@ -47,14 +47,15 @@ type helperReport struct {
 	Samples   []time.Duration // one decision in sampleEvery
 }
 
-// BenchmarkAtLimit runs the key-at-its-limit workload for hybrid and
-// redis_rate (x/time/rate has no shared state to be at a limit of). Each
+// BenchmarkAtLimit runs the key-at-its-limit workload for hybrid (with
+// its defaults, and with capacity leases of a 15 s term) and redis_rate
+// (x/time/rate has no shared state to be at a limit of). Each
 // run lasts atLimitDuration whatever b.N. Besides the Redis figures per
 // 1 000 decisions it reports Redis commands per 1 000 admitted and the
 // fleet's utilization of its exact bound Burst + Rate·t.
 func BenchmarkAtLimit(b *testing.B) {
 	srv := redistest.Standalone(b)
-	for _, impl := range []string{"hybrid", "redis_rate"} {
+	for _, impl := range []string{"hybrid", "hybrid-grants", "redis_rate"} {
 		name := fmt.Sprintf("impl=%s/workload=at-limit-%dprocs/goroutines=%d", impl, atLimitProcs, atLimitProcs*atLimitGoroutines)
 		b.Run(name, func(b *testing.B) { benchAtLimit(b, srv, impl) })
 	}
@@ -150,10 +151,14 @@ func runHelper(impl string) error {
 	var decide func() bool
 	var leases func() int64
 	switch impl {
-	case "hybrid":
+	case "hybrid", "hybrid-grants":
+		opts := []hybrid.Option{hybrid.WithLogger(slog.New(slog.DiscardHandler))}
+		if impl == "hybrid-grants" {
+			opts = append(opts, hybrid.WithCapacityLeases(15*time.Second))
+		}
 		lim, err := hybrid.New(remote.NewRedis(c),
 			hybrid.Policy{Name: "at-limit", Limit: hybrid.Limit{Rate: atLimitRate, Period: time.Second, Burst: atLimitBurst}},
-			hybrid.WithLogger(slog.New(slog.DiscardHandler)))
+			opts...)
 		if err != nil {
 			return err
 		}

@@ -17,7 +17,7 @@ import (
 // the store for a grant: a share of the rate and a small burst, for a term
 // on the store's clock (see remote.Granter). The process then spends the
 // grant with a local GCRA, with no store call per admission or per batch,
-// only a renewal every fifth of the term carrying the demand it measured.
+// only a renewal every quarter of the term carrying the demand it measured.
 // The bucket refills everyone else with what the grants leave, so a holder
 // cut off from the store keeps admitting exactly by its grant until the
 // term ends, with nothing to charge later; then it falls to the outage
@@ -85,11 +85,38 @@ type capacity struct {
 type grantState struct {
 	held    atomic.Pointer[holding]
 	asking  atomic.Bool  // a grant call in flight
+	askedAt atomicMono   // when the last grant call was started
+	// waitUntil: a young key kept waiting with no share leases nothing
+	// until then, its next ask (see grantWait).
+	waitUntil atomicMono
 	hotFrom atomicMono   // 1 + when demand rose above the threshold; 0: below
 	timer   clock.Timer  // the next renewal; under entry.mu
 	nextAt  atomicMono   // when the next renewal is due
 	answers atomic.Int32 // grant calls answered since the key began asking
 	admits  atomic.Int64
+}
+
+// grantWait is until when a decision the lease cannot serve on e waits
+// for e's grant rather than make a lease call of its own: while its first
+// grant call is in flight (sent within d of now; the grant brings tokens,
+// see capacity.install), and while a young key kept waiting with no share
+// waits for its next ask. 0 when it does not wait.
+func (e *entry) grantWait(now mono, d time.Duration) mono {
+	r := e.rare.Load()
+	if r == nil {
+		return 0
+	}
+	g := &r.grant
+	if g.held.Load() != nil {
+		return 0
+	}
+	if g.asking.Load() && g.answers.Load() == 0 && now.sub(g.askedAt.Load()) < d {
+		return now.add(grantWaitRefusal)
+	}
+	if w := g.waitUntil.Load(); now < w {
+		return w
+	}
+	return 0
 }
 
 // held returns e's live grant, or nil.
@@ -130,10 +157,31 @@ func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
 	}
 	from := g.hotFrom.Load()
 	if from == 0 {
-		g.hotFrom.Store(now + 1)
+		from = now + 1
+		g.hotFrom.Store(from)
+	}
+	// A key at its limit whose demand is at least an even part of the
+	// rate asks at once: waiting for the demand to hold costs a store
+	// call per lease meanwhile, each too small for the demand.
+	contended := e.answer.seen() && e.answer.level.Load() <= lim.Burst-p.tier(e).maxLease && rate >= perSec/float64(c.fleetSize())
+	if (contended || now.sub(from-1) >= grantDemandFor) && e.held() == nil && !g.asking.Load() && now >= g.nextAt.Load() {
+		c.askAsync(e, 0)
+	}
+}
+
+// refused is told of a lease refused on e while the bucket keeps grants:
+// others hold the rate, so e asks for its part at once, whatever demand
+// it has measured yet (a refusal's wait may be long, the grants' rates
+// come back only at their renewals).
+func (c *capacity) refused(e *entry, p *policyState, holders int, now mono) {
+	if holders == 0 || !c.enabled(p) || e.held() != nil {
 		return
 	}
-	if now.sub(from-1) >= grantDemandFor && e.held() == nil && !g.asking.Load() && now >= g.nextAt.Load() {
+	g := &e.extra().grant
+	if g.hotFrom.Load() == 0 {
+		g.hotFrom.Store(now + 1)
+	}
+	if !g.asking.Load() && now >= g.nextAt.Load() {
 		c.askAsync(e, 0)
 	}
 }
@@ -145,6 +193,7 @@ func (c *capacity) askAsync(e *entry, d time.Duration) {
 		if !g.asking.CompareAndSwap(false, true) {
 			return
 		}
+		g.askedAt.Store(c.cfg.now())
 		if c.bg.after(0, func() { defer g.asking.Store(false); c.ask(e) }) == nil {
 			g.asking.Store(false)
 		}
@@ -174,7 +223,13 @@ func (c *capacity) request(e *entry, p *policyState, cur *holding) remote.GrantR
 	perSec := float64(lim.Rate) / lim.Period.Seconds()
 	want := int64(math.Ceil(rate * grantHeadroom / perSec * remote.GrantUnits))
 	if cur == nil {
-		want = min(want, remote.GrantUnits/int64(c.fleetSize()))
+		even := remote.GrantUnits / int64(c.fleetSize())
+		if rate < perSec/grantMinPart {
+			// Refused while others hold grants, before any demand was
+			// measured (see refused): ask for an even part.
+			want = even
+		}
+		want = min(want, even)
 	}
 	r := remote.GrantRequest{Request: p.request(c.cfg.prefix, e), Holder: c.holder,
 		Want: min(max(want, 1), remote.GrantUnits), Term: c.cfg.grantTerm,
@@ -231,7 +286,18 @@ func (c *capacity) ask(e *entry) {
 		return // the policy moved on: adopted releases the grant
 	}
 	c.install(e, p, cur, gr, sent)
-	switch young := e.extra().grant.answers.Add(1) <= 3; {
+	// A young holder above an even part (among the bucket's holders, or
+	// the fleet if more) may hold what others wait for: it asks again
+	// soon, so the store can divide by everyone's wants. So does one
+	// after its first answer while the limiter is younger than a
+	// heartbeat interval, as its count of the fleet may not have caught
+	// up with processes that started with it. One at or below an even
+	// part gains nothing by asking sooner than a renewal, unless it is
+	// short of both its want and its part.
+	part := remote.GrantUnits / int64(max(gr.Holders, c.fleetSize(), 1))
+	answers := e.extra().grant.answers.Add(1)
+	newborn := c.cfg.fleetSize == 0 && c.cfg.now() < mono(c.cfg.hbInterval)
+	switch young := (answers == 1 && newborn) || (answers <= 3 && gr.Share > part); {
 	case gr.Share < req.Running:
 		// Lowered: this process spends the lower share from now; say so
 		// at once, so the store counts it and others may have the rest.
@@ -239,8 +305,15 @@ func (c *capacity) ask(e *entry) {
 	case gr.Share == 0 || young:
 		// Kept waiting, or just started (the others' wants may not be
 		// known yet): ask again soon.
-		c.askAsync(e, min(c.cfg.grantTerm/(4*renewals), 250*time.Millisecond))
-	case gr.Share < req.Want:
+		d := min(c.cfg.grantTerm/(4*renewals), 250*time.Millisecond)
+		if gr.Share == 0 && answers <= 3 && gr.Holders < grantMinPart/2 {
+			// Kept as a holder while the others' renewals make room:
+			// the lease calls meanwhile would each bring a sliver
+			// of what the grants leave.
+			e.extra().grant.waitUntil.Store(c.cfg.now().add(d + grantWaitRefusal))
+		}
+		c.askAsync(e, d)
+	case gr.Share < req.Want && gr.Share < part:
 		c.askAsync(e, c.cfg.grantTerm/(2*renewals)) // short of its want: ask again sooner
 	default:
 		c.askAsync(e, c.cfg.grantTerm/renewals)
@@ -249,8 +322,8 @@ func (c *capacity) ask(e *entry) {
 
 // renewals is how many renewals a term spans: a holder that misses one
 // (or a few) keeps its grant, and a newcomer's want reaches every holder
-// within a fifth of the term.
-const renewals = 5
+// within a quarter of the term.
+const renewals = 4
 
 // grantWaitRefusal is the shortest a store's refusal is cached for on a
 // key that waits for its grant (see leaser.apply).

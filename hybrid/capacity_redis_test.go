@@ -78,10 +78,10 @@ func between(s []sourced, from, to time.Time) (n int64, bySource map[Source]int6
 
 // TestCapacityLeasesAtLimit: 4 limiters with their own clients, 16
 // goroutines each, hammer one key of 2 000/s burst 200 for 6 s, with
-// capacity leases. Grants keep the bound in every window; once every
-// limiter holds its grant (from 2 s on) they use ≥ 95% of the bound and
-// cost at most 3 store calls per 1 000 admitted. The figures over the
-// whole run, start-up included, are logged.
+// capacity leases. Grants keep the bound in every window; the first 4 s,
+// start-up included, cost about 3 store calls per 1 000 admitted; once
+// every limiter holds its grant (from 2 s on) they use ≥ 95% of the bound
+// and cost at most 3 store calls per 1 000 admitted.
 func TestCapacityLeasesAtLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("4 s of load per case")
@@ -99,11 +99,25 @@ func TestCapacityLeasesAtLimit(t *testing.T) {
 			for i, l := range lims {
 				grantsAt[i] = l.Stats().Source(SourceGrant).Admitted
 			}
-			time.Sleep(4 * time.Second)
+			time.Sleep(2 * time.Second)
+			firstAt, firstCalls := time.Now(), fleetStats(lims).StoreCalls
+			time.Sleep(2 * time.Second)
 			close(stop)
 			adm := collect()
 			end := time.Now()
 			s := fleetStats(lims)
+			firstN, _ := between(adm, start, firstAt)
+			firstK := 1000 * float64(firstCalls) / float64(firstN)
+			t.Logf("%s: the first %v, start-up included: %d admitted of bound %d (%.1f%%), %d store calls = %.2f per 1000 admitted",
+				tc.name, firstAt.Sub(start).Round(time.Millisecond), firstN, lim.Burst+lim.TokensIn(firstAt.Sub(start)),
+				100*float64(firstN)/float64(lim.Burst+lim.TokensIn(firstAt.Sub(start))), firstCalls, firstK)
+			// The target is 3 (measured 2.3–3.0 on an idle machine);
+			// beside make test's parallel load a slow renewal or a
+			// starved first ask costs a few more (3.6 measured beside a
+			// CPU hog): the slack is twice the target.
+			if firstK > 6 {
+				t.Fatalf("%.2f store calls per 1000 admitted in the first 4 s, want ≤ 3 (6 under load)", firstK)
+			}
 			got, bound := int64(len(adm)), lim.Burst+lim.TokensIn(end.Sub(start))
 			perK := 1000 * float64(s.StoreCalls) / float64(got)
 			worst, _, at := worstWindow(admissionsOf(adm), lim, start)
@@ -312,7 +326,11 @@ func TestCapacityLeasesCrash(t *testing.T) {
 	if afterRate < 0.95*float64(lim.Rate) {
 		t.Fatalf("after the dead grant's term the others admit %.0f/s, want ≥ 95%% of %d", afterRate, lim.Rate)
 	}
-	if termRate > float64(lim.Rate)*0.8 {
+	// The dead grant ends a term after its last renewal, which came up to
+	// a quarter of the term before the crash: the others get at most
+	// 3/4 of the rate for 3/4 of the window and all of it after, 81%.
+	// Uncounted, they would get all of it.
+	if termRate > float64(lim.Rate)*0.85 {
 		t.Fatalf("during the dead grant's term the others admitted %.0f/s: the dead grant was not counted", termRate)
 	}
 }

@@ -25,6 +25,7 @@ type keyTable struct {
 
 	evictions     atomic.Int64
 	evictedAdmits atomic.Int64 // lease admissions of evicted entries, for Stats
+	evictedGrants atomic.Int64 // the part of them that grants decided
 }
 
 // load returns key's entry, or nil: the hot path's lookup.
@@ -94,6 +95,7 @@ func (t *keyTable) evict(e *entry) bool {
 	t.n.Add(-1)
 	t.evictions.Add(1)
 	t.evictedAdmits.Add(e.admits.Load())
+	t.evictedGrants.Add(e.grantAdmits())
 	return true
 }
 

@@ -166,7 +166,10 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	if until > start {
 		return fetchOutcome{retry: until.sub(start), at: start}, nil
 	}
-	req := ls.request(e, p, short, start)
+	req := ls.request(e, p, short, start) // may start the key's first grant call
+	if w := e.grantWait(start, ls.cfg.storeTimeout); w > start {
+		return fetchOutcome{retry: w.sub(start), at: start}, nil
+	}
 	// Not the caller's context: joined callers share this call. Close ends
 	// it; the refill timeout bounds it.
 	cctx, cancel := context.WithTimeout(ls.bg.ctx, ls.cfg.refillTimeout)
@@ -294,6 +297,9 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need int64,
 		ls.pace.reserve(e, p.tier(e).limits[0], res.Granted, res.Delay, now)
 		return fetchOutcome{retry: res.Delay, at: now}
 	default:
+		if ls.grants != nil {
+			ls.grants.refused(e, p, res.Holders, now)
+		}
 		if e.grantMode() {
 			// Waiting for its grant, a key at its limit is not paced:
 			// a refusal holds a little longer, or each decision would

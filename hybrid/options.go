@@ -207,7 +207,7 @@ func WithSeed(seed uint64) Option {
 // WithCapacityLeases gives keys with sustained demand capacity grants
 // with the given term (see remote.Granter): a share of the rate, divided
 // among holders by their measured demand, spent locally with no store call
-// per admission or per batch and renewed every fifth of the term. A
+// per admission or per batch and renewed every quarter of the term. A
 // process cut off from the store keeps admitting by its grant until the
 // term ends, so a partition shorter than the term admits nothing over the
 // limit; the price is that a crashed holder's grant stays counted until

@@ -130,7 +130,7 @@ func (l *Limiter) Stats() Stats {
 		s.bySource[i] = SourceStats{Admitted: l.stats.admitted[i].Load(), Rejected: l.stats.rejected[i].Load()}
 	}
 	leaseAdmits := l.keys.evictedAdmits.Load()
-	var grantAdmits int64
+	grantAdmits := l.keys.evictedGrants.Load()
 	l.keys.each(func(e *entry) {
 		leaseAdmits += e.admits.Load()
 		grantAdmits += e.grantAdmits()
