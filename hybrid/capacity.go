@@ -84,16 +84,16 @@ type capacity struct {
 // grantState is the part of an entry's rareState grants use.
 type grantState struct {
 	held    atomic.Pointer[holding]
-	asking  atomic.Bool  // a grant call in flight
-	askedAt atomicMono   // when the last grant call was started
+	asking  atomic.Bool // a grant call in flight
+	askedAt atomicMono  // when the last grant call was started
 	// waitUntil: a young key kept waiting with no share leases nothing
 	// until then, its next ask (see grantWait).
 	waitUntil atomicMono
-	hotFrom atomicMono   // 1 + when demand rose above the threshold; 0: below
-	timer   clock.Timer  // the next renewal; under entry.mu
-	nextAt  atomicMono   // when the next renewal is due
-	answers atomic.Int32 // grant calls answered since the key began asking
-	admits  atomic.Int64
+	hotFrom   atomicMono   // 1 + when demand rose above the threshold; 0: below
+	timer     clock.Timer  // the next renewal; under entry.mu
+	nextAt    atomicMono   // when the next renewal is due
+	answers   atomic.Int32 // grant calls answered since the key began asking
+	admits    atomic.Int64
 }
 
 // grantWait is until when a decision the lease cannot serve on e waits
