@@ -1,0 +1,69 @@
+package hybrid
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/local"
+	"github.com/stretchr/testify/require"
+)
+
+// TestGrantAdmitsSurviveEviction: Stats never counts fewer grant
+// admissions than before, even once the key that made them is forgotten
+// (a fresh entry for the key starts its count at 0; a test beside a CPU
+// hog saw the fleet's grant admissions go down by hundreds).
+func TestGrantAdmitsSurviveEviction(t *testing.T) {
+	l := grantLimiterOf(t)
+	ctx := context.Background()
+	for range 10 {
+		if d, _ := l.AllowN(ctx, "hot", 1); d.Source != SourceGrant {
+			t.Fatalf("decision %+v, want the grant's", d)
+		}
+	}
+	before := l.Stats()
+	if !l.keys.evict(l.keys.load("hot")) {
+		t.Fatal("evict found no entry")
+	}
+	after := l.Stats()
+	if g := after.Source(SourceGrant).Admitted; g != before.Source(SourceGrant).Admitted || g != 10 {
+		t.Fatalf("grant admissions %d after eviction, %d before; want 10", g, before.Source(SourceGrant).Admitted)
+	}
+	if after.Admitted != before.Admitted {
+		t.Fatalf("admitted %d after eviction, %d before", after.Admitted, before.Admitted)
+	}
+}
+
+// TestGrantRetryAfterIsForN: a refusal by a key's grant names the wait for
+// the caller's n, not for the next token: asking again after exactly
+// RetryAfter is admitted, a microsecond sooner is not (the grant's GCRA
+// at 20/s, burst 5; nobody else spends it).
+func TestGrantRetryAfterIsForN(t *testing.T) {
+	l := grantLimiterOf(t)
+	clk := l.cfg.clk.(*clock.Manual)
+	b, err := local.NewBucket(local.Limit{Rate: 20, Period: time.Second, Burst: 5})
+	require.NoError(t, err)
+	e := l.keys.load("hot")
+	e.extra().grant.held.Store(&holding{bucket: b, share: 1, until: mono(math.MaxInt64)})
+	ctx := context.Background()
+	b.SetTokens(int64(l.cfg.now()), 5)
+	for range 5 {
+		d, _ := l.AllowN(ctx, "hot", 1)
+		require.True(t, d.Allowed && d.Source == SourceGrant, "%+v", d)
+	}
+	for _, n := range []int64{1, 2, 3, 5} {
+		d, _ := l.AllowN(ctx, "hot", n)
+		require.False(t, d.Allowed, "n=%d admitted on an empty grant", n)
+		require.Equal(t, SourceGrant, d.Source)
+		want := time.Duration(n) * 50 * time.Millisecond
+		require.InDelta(t, float64(want), float64(d.RetryAfter), float64(time.Millisecond), "n=%d: RetryAfter %v, want the wait for n, %v", n, d.RetryAfter, want)
+		clk.Advance(d.RetryAfter - time.Microsecond)
+		early, _ := l.AllowN(ctx, "hot", n)
+		require.False(t, early.Allowed, "n=%d admitted a microsecond before RetryAfter", n)
+		clk.Advance(time.Microsecond)
+		again, _ := l.AllowN(ctx, "hot", n)
+		require.True(t, again.Allowed, "n=%d refused after exactly RetryAfter: %+v", n, again)
+	}
+}
