@@ -306,6 +306,11 @@ func (c *capacity) ask(e *entry) {
 		// Kept waiting, or just started (the others' wants may not be
 		// known yet): ask again soon.
 		d := min(c.cfg.grantTerm/(4*renewals), 250*time.Millisecond)
+		if answers <= 3 {
+			// Young: a share above an even part is likely more than
+			// this process can spend while others wait for it.
+			d = min(d, youngAsk)
+		}
 		if gr.Share == 0 && answers <= 3 && gr.Holders < grantMinPart/2 {
 			// Kept as a holder while the others' renewals make room:
 			// the lease calls meanwhile would each bring a sliver
@@ -328,6 +333,10 @@ const renewals = 4
 // grantWaitRefusal is the shortest a store's refusal is cached for on a
 // key that waits for its grant (see leaser.apply).
 const grantWaitRefusal = 5 * time.Millisecond
+
+// youngAsk is how soon a young key asks again while it is above an even
+// part or kept waiting with none: the fleet settles within a few of them.
+const youngAsk = 50 * time.Millisecond
 
 // confirmAfter is how soon a holder whose share was lowered tells the
 // store it runs at the lower share.

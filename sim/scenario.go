@@ -191,6 +191,10 @@ func (t TrafficSpec) rateAt(tS float64) float64 {
 //   - policy: process 0 sets Rate/Burst (a new version).
 //   - restart: processes restart one by one, EveryS apart.
 //   - join / leave: Count processes join or leave.
+//   - crash: Count processes (1 if unset) stop without Close: they get no
+//     traffic and nothing reaches the store from them, so grants they
+//     hold stay counted until their term ends. until_s marks the end of
+//     the span the verdict reads as the fault (e.g. at_s + the term).
 //   - tier: every key moves to tier Tier (a tenant upgraded).
 //   - link: the link between Region ("" for every region) and the
 //     world's store fails: a partition, or the world's store down.
@@ -252,7 +256,7 @@ func sec(f float64) time.Duration {
 }
 
 var kinds = map[string]bool{"outage": true, "hang": true, "latency": true, "partition": true, "skew": true,
-	"policy": true, "restart": true, "join": true, "leave": true, "tier": true, "link": true}
+	"policy": true, "restart": true, "join": true, "leave": true, "tier": true, "link": true, "crash": true}
 
 // validate fills defaults and rejects what cannot run.
 func (s *Scenario) validate() error {
@@ -412,7 +416,7 @@ func (s *Scenario) validateEvent(i int) []error {
 // faulty reports whether the event makes the store fail for someone.
 func (e EventSpec) faulty() bool {
 	switch e.Kind {
-	case "outage", "hang", "latency", "partition", "link":
+	case "outage", "hang", "latency", "partition", "link", "crash":
 		return true
 	}
 	return false

@@ -42,6 +42,9 @@ type process struct {
 	store  *faultStore
 	tiered *tiered.Store // the process's store in a tiered world
 	alive  bool
+	// crashed: stopped without Close (a crash event); closed only when
+	// the run ends, its store cut meanwhile so nothing it does reaches it.
+	crashed bool
 }
 
 // world is one scenario run: a manual clock, a MemoryStore, a fault layer
@@ -123,7 +126,7 @@ func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*
 		}
 	}
 	for _, p := range w.procs {
-		if p.alive {
+		if p.alive || p.crashed {
 			_ = p.lim.Close(w.ctx)
 		}
 	}
@@ -249,6 +252,14 @@ func (w *world) schedule() {
 			for i := 0; i < w.sc.Processes; i++ {
 				w.pending = append(w.pending, timedAction{sec(e.AtS) + time.Duration(i)*every, func() { w.restart(i) }})
 			}
+		case "crash":
+			w.at(e.AtS, func() {
+				ps := w.alive()
+				for _, p := range ps[max(len(ps)-max(e.Count, 1), 1):] {
+					p.store.down.Store(true)
+					p.alive, p.crashed = false, true
+				}
+			})
 		case "join":
 			w.at(e.AtS, func() {
 				for i := 0; i < max(e.Count, 1); i++ {
