@@ -324,27 +324,52 @@ func flatLeasedP99(t *testing.T, lim hybrid.Limit, perLimiter int) time.Duration
 // is back, the outage's admissions are charged to the parent, and over the
 // whole run the world admits at most one Burst over Burst + Rate·t.
 func TestRegionsThroughParentCut(t *testing.T) {
+	regionsThroughCut(t, "world-cut", 8*time.Second, 10*time.Second, 34*time.Second, func(t *testing.T, p *toxiproxy.Proxy, on bool) {
+		if on {
+			p.Stop()
+		} else if err := p.Start(); err != nil {
+			t.Errorf("link back: %v", err)
+		}
+	})
+}
+
+// TestRegionsThroughSilentParent: the same (an 8 s cut), with every link
+// silent rather than refused: a timeout toxic drops every byte and keeps
+// the connection open, so parent calls time out instead of failing at
+// once. Each region must go on at its share all the same. (It starved:
+// the failure mark was written with the context of the parent call that
+// had just timed out, so it never reached the region's Redis; 25–360 of
+// a 3 333 share in a 10 s cut.)
+func TestRegionsThroughSilentParent(t *testing.T) {
+	regionsThroughCut(t, "world-silent", 6*time.Second, 8*time.Second, 24*time.Second, func(t *testing.T, p *toxiproxy.Proxy, on bool) {
+		var err error
+		if on {
+			_, err = p.Toxics.AddToxicJson(strings.NewReader(
+				`{"name": "silent", "type": "timeout", "stream": "downstream", "attributes": {"timeout": 0}}`))
+		} else {
+			err = p.Toxics.RemoveToxic(context.Background(), "silent")
+		}
+		if err != nil {
+			t.Errorf("link toxic: %v", err)
+		}
+	})
+}
+
+// regionsThroughCut runs the parent-cut scenario for d, cutting each
+// region's link with cut at cutAt for cutFor.
+func regionsThroughCut(t *testing.T, name string, cutAt, cutFor, d time.Duration, cut func(t *testing.T, p *toxiproxy.Proxy, on bool)) {
 	lim := hybrid.PerSecond(1000)
-	policy := hybrid.Policy{Name: "world-cut", Limit: lim}
+	policy := hybrid.Policy{Name: name, Limit: lim}
 	g := newGlobe(t, policy, 50*time.Millisecond)
-	const (
-		cutAt  = 8 * time.Second
-		cutFor = 10 * time.Second
-		d      = 34 * time.Second
-	)
 	perLimiter := int(2 * lim.Rate / (regionsN * limitersPer))
-	cut := func(on bool) func() {
+	links := func(on bool) func() {
 		return func() {
 			for _, p := range g.proxies {
-				if on {
-					p.Stop()
-				} else if err := p.Start(); err != nil {
-					t.Errorf("link back: %v", err)
-				}
+				cut(t, p, on)
 			}
 		}
 	}
-	_, all := g.run(t, "tenant", perLimiter, d, event{cutAt, cut(true)}, event{cutAt + cutFor, cut(false)})
+	_, all := g.run(t, "tenant", perLimiter, d, event{cutAt, links(true)}, event{cutAt + cutFor, links(false)})
 
 	share := float64(lim.Rate) * cutFor.Seconds() * limitersPer / (regionsN * limitersPer)
 	for r, ds := range all {

@@ -436,7 +436,7 @@ func rateOver(lim local.Limit, d time.Duration) int64 {
 // refill leases a batch for the pool at key from the parent and deposits
 // it; rep is the take that claimed the refill.
 func (t *Store) refill(r remote.Request, key string, rep poolReply) {
-	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.timeout)
+	pctx, cancel := context.WithTimeout(t.ctx, t.cfg.timeout)
 	defer cancel()
 	pr := r
 	pr.N, pr.Min, pr.Need, pr.MaxDelay, pr.Since = t.want(&r, rep), 1, 1, 0, time.Time{}
@@ -446,10 +446,19 @@ func (t *Store) refill(r remote.Request, key string, rep poolReply) {
 	}
 	t.parentCalls.Add(1)
 	start := t.cfg.clk.Now()
-	res, err := t.parent.Lease(ctx, pr)
+	silent := t.markSilent(key)
+	res, err := t.parent.Lease(pctx, pr)
+	marked := silent()
+	// The region's own store gets a timeout of its own: a parent call
+	// that timed out (a silent link) must still mark the pool, or the
+	// region never learns that its parent is away.
+	ctx, cancelLocal := context.WithTimeout(t.ctx, t.cfg.timeout)
+	defer cancelLocal()
 	if err != nil {
 		t.failures.Add(1)
-		_, _ = t.recs.pool(ctx, key, poolFail{})
+		if !marked {
+			_, _ = t.recs.pool(ctx, key, poolFail{})
+		}
 		return
 	}
 	t.rttMicros.Store(max(t.cfg.clk.Now().Sub(start).Microseconds(), 1))
@@ -486,6 +495,39 @@ func (t *Store) refill(r remote.Request, key string, rep poolReply) {
 			after = (got.st.exp - got.now).duration()
 		}
 		t.giveBackAfter(r, key, after)
+	}
+}
+
+// markSilent marks the pool at key as cut off from the parent if the
+// refill about to start has no answer within a quarter of the parent
+// timeout: a silent link (packets dropped, the connection kept) then
+// sends the region's limiters to their degraded shares about as soon as a
+// refused one does, not a whole timeout later. The returned function,
+// called once the refill has its answer, cancels the mark and reports
+// whether it was made; a put that follows clears it.
+func (t *Store) markSilent(key string) (answered func() (marked bool)) {
+	var mu sync.Mutex
+	done, marked := false, false
+	tm := t.cfg.clk.AfterFunc(t.cfg.timeout/4, func() {
+		mu.Lock()
+		if done {
+			mu.Unlock()
+			return
+		}
+		marked = true
+		mu.Unlock()
+		t.spawn(func() {
+			ctx, cancel := context.WithTimeout(t.ctx, t.cfg.timeout)
+			defer cancel()
+			_, _ = t.recs.pool(ctx, key, poolFail{})
+		})
+	})
+	return func() bool {
+		tm.Stop()
+		mu.Lock()
+		defer mu.Unlock()
+		done = true
+		return marked
 	}
 }
 
@@ -656,10 +698,12 @@ func (t *Store) Heartbeat(ctx context.Context, prefix, policy, member string, ex
 // beatOnce reports the region's weight to the parent, keeps the world's,
 // and refreshes the region's copy of the policy.
 func (t *Store) beatOnce(prefix, policy string, weight int64) {
-	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.timeout)
+	pctx, cancel := context.WithTimeout(t.ctx, t.cfg.timeout)
 	defer cancel()
 	t.parentCalls.Add(1)
-	world, err := t.parent.Weigh(ctx, prefix, policy, t.region, weight, t.cfg.expiry)
+	world, err := t.parent.Weigh(pctx, prefix, policy, t.region, weight, t.cfg.expiry)
+	ctx, cancelLocal := context.WithTimeout(t.ctx, t.cfg.timeout) // as in refill
+	defer cancelLocal()
 	if err != nil {
 		t.failures.Add(1)
 		// The region keeps the last weights it knew.
