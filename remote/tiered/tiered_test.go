@@ -20,11 +20,14 @@ import (
 	"go.uber.org/goleak"
 )
 
-// cuttable is a parent that fails every call while cut.
+// cuttable is a parent that fails every call while cut; while silent, a
+// lease waits for its context to end, as over a link that drops every
+// byte.
 type cuttable struct {
 	Parent
-	cut   atomic.Bool
-	calls atomic.Int64
+	cut, silent atomic.Bool
+	calls       atomic.Int64
+	waiting     atomic.Int64 // leases waiting on a silent link
 }
 
 var errCut = fmt.Errorf("parent cut: %w: %w", remote.ErrUnavailable, remote.ErrUnreachable)
@@ -33,6 +36,12 @@ func (c *cuttable) Lease(ctx context.Context, r remote.Request) (remote.Result, 
 	c.calls.Add(1)
 	if c.cut.Load() {
 		return remote.Result{}, errCut
+	}
+	if c.silent.Load() {
+		c.waiting.Add(1)
+		defer c.waiting.Add(-1)
+		<-ctx.Done()
+		return remote.Result{}, fmt.Errorf("parent silent: %w: %w", remote.ErrUnavailable, ctx.Err())
 	}
 	return c.Parent.Lease(ctx, r)
 }
@@ -246,6 +255,44 @@ func TestTieredParentCut(t *testing.T) {
 	}
 	if lvl := w.parentLevel(t); lvl != before-30 {
 		t.Fatalf("debit of 30 took the parent from %d to %d", before, lvl)
+	}
+}
+
+// TestTieredSilentParent: a refill that has no answer from the parent
+// within a quarter of the parent timeout marks the pool, so the region's
+// processes learn the parent is away while the call still waits, as soon
+// as a refused link would tell them; the next refill that gets through
+// clears it.
+func TestTieredSilentParent(t *testing.T) {
+	w := newTierWorld(t)
+	ts := w.region(t, "sa", nil)
+	ctx := context.Background()
+	_, _ = ts.Lease(ctx, tierReq(1))
+	eventually(t, "refill", func() bool { return ts.Stats().Refills == 1 })
+	w.link.silent.Store(true)
+	w.clk.Advance(400 * time.Millisecond) // past the refill gap
+	if res, err := ts.Lease(ctx, tierReq(50)); err != nil || res.Granted != 50 {
+		t.Fatalf("lease from the pool while silent = %+v, %v", res, err)
+	}
+	eventually(t, "a refill waiting on the silent parent", func() bool { return w.link.waiting.Load() == 1 })
+	if _, err := ts.Lease(ctx, tierReq(1)); err != nil {
+		t.Fatalf("before the silence is a quarter of the timeout old: %v", err)
+	}
+	w.clk.Advance(500 * time.Millisecond) // a quarter of the 2 s parent timeout
+	eventually(t, "the pool marked", func() bool {
+		_, err := ts.Lease(ctx, tierReq(1))
+		return errors.Is(err, remote.ErrUnavailable)
+	})
+	if w.link.waiting.Load() == 0 || ts.Stats().Failures != 0 {
+		t.Fatalf("the pool was marked only once the parent call ended (waiting %d, calls %d, stats %+v): the mark is for a call still waiting", w.link.waiting.Load(), w.link.calls.Load(), ts.Stats())
+	}
+	w.link.silent.Store(false)
+	eventually(t, "the silent call timed out", func() bool { return w.link.waiting.Load() == 0 })
+	w.clk.Advance(400 * time.Millisecond)
+	_, _ = ts.Lease(ctx, tierReq(1))
+	eventually(t, "refill after the silence", func() bool { return ts.Stats().Refills == 2 })
+	if res, err := ts.Lease(ctx, tierReq(1)); err != nil || res.Granted != 1 {
+		t.Fatalf("after the silence = %+v, %v", res, err)
 	}
 }
 
