@@ -215,6 +215,7 @@ func parentCallsByRegion(g *globe) [regionsN]int64 {
 // region calls the parent at most 5 times a second, and no decision waits
 // for the parent.
 func TestRegionsShareOneGlobalLimit(t *testing.T) {
+	t.Parallel() // the regions tests wait on real time, and use little CPU
 	lim := hybrid.PerSecond(1000)
 	policy := hybrid.Policy{Name: "world", Limit: lim}
 	g := newGlobe(t, policy, 50*time.Millisecond)
@@ -358,6 +359,7 @@ func TestRegionsThroughSilentParent(t *testing.T) {
 // regionsThroughCut runs the parent-cut scenario for d, cutting each
 // region's link with cut at cutAt for cutFor.
 func regionsThroughCut(t *testing.T, name string, cutAt, cutFor, d time.Duration, cut func(t *testing.T, p *toxiproxy.Proxy, on bool)) {
+	t.Parallel() // as the other regions tests
 	lim := hybrid.PerSecond(1000)
 	policy := hybrid.Policy{Name: name, Limit: lim}
 	g := newGlobe(t, policy, 50*time.Millisecond)
@@ -405,6 +407,7 @@ func regionsThroughCut(t *testing.T, name string, cutAt, cutFor, d time.Duration
 // lease TTL (1 s each by default), and the world then admits at the new
 // rate.
 func TestRegionsPolicyChange(t *testing.T) {
+	t.Parallel() // the regions tests wait on real time, and use little CPU
 	lim := hybrid.PerSecond(1000)
 	policy := hybrid.Policy{Name: "world-policy", Limit: lim}
 	g := newGlobe(t, policy, 50*time.Millisecond)
@@ -475,6 +478,7 @@ func TestRegionsPolicyChange(t *testing.T) {
 // limit across all regions; what a region does not hand out in time goes
 // back to the world's window, so full windows stay well used.
 func TestRegionsSlidingWindow(t *testing.T) {
+	t.Parallel() // the regions tests wait on real time, and use little CPU
 	lim := hybrid.Limit{Rate: 2000, Period: 5 * time.Second, Burst: 2000}
 	policy := hybrid.Policy{Name: "world-window", Limit: lim, Algorithm: hybrid.SlidingWindow}
 	g := newGlobe(t, policy, 50*time.Millisecond)
