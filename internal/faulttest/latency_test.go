@@ -31,19 +31,31 @@ func TestMain(m *testing.M) {
 	})
 }
 
+// startProxies starts a toxiproxy link (in process, on a free loopback
+// port) to upstream for each name, stopped when the test ends.
+func startProxies(t *testing.T, upstream string, names ...string) []*toxiproxy.Proxy {
+	t.Helper()
+	tp := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	tp.Metrics.ProxyMetrics = collectors.NewProxyMetricCollectors()
+	var out []*toxiproxy.Proxy
+	for _, name := range names {
+		p := toxiproxy.NewProxy(tp, name, "127.0.0.1:0", upstream)
+		if err := p.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Stop)
+		out = append(out, p)
+	}
+	return out
+}
+
 // TestLatencySpikeOpensBreaker: a real TCP proxy (toxiproxy, in process)
 // between the limiter and Redis adds 800 ms to every reply. Calls still
 // succeed, slowly; the breaker opens on latency alone (no errors), degraded
 // mode serves, and the limiter is healthy again once the latency is gone.
 func TestLatencySpikeOpensBreaker(t *testing.T) {
 	srv := redistest.NewServer(t)
-	tp := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	tp.Metrics.ProxyMetrics = collectors.NewProxyMetricCollectors()
-	proxy := toxiproxy.NewProxy(tp, "redis", "127.0.0.1:0", srv.Addr)
-	if err := proxy.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Stop()
+	proxy := startProxies(t, srv.Addr, "redis")[0]
 
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.Listen, ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer rdb.Close()

@@ -4,21 +4,16 @@ import (
 	"context"
 	"log/slog"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/Shopify/toxiproxy/v2"
-	"github.com/Shopify/toxiproxy/v2/collectors"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/remote"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-	"github.com/rs/zerolog"
 )
 
 // admitted is one admission: when it was asked (since the run began) and
@@ -42,17 +37,7 @@ func TestPartialPartitionThroughProxy(t *testing.T) {
 		t.Skip("9 s of load")
 	}
 	srv := redistest.NewServer(t)
-	tp := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	tp.Metrics.ProxyMetrics = collectors.NewProxyMetricCollectors()
-	var proxies []*toxiproxy.Proxy
-	for i := range 2 {
-		p := toxiproxy.NewProxy(tp, "cut-"+strconv.Itoa(i), "127.0.0.1:0", srv.Addr)
-		if err := p.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer p.Stop()
-		proxies = append(proxies, p)
-	}
+	proxies := startProxies(t, srv.Addr, "refused", "silent")
 	lim := hybrid.Limit{Rate: 1000, Period: time.Second, Burst: 100}
 	policy := hybrid.Policy{Name: "proxy-partition", Limit: lim}
 	var lims []*hybrid.Limiter

@@ -12,14 +12,11 @@ import (
 	"time"
 
 	"github.com/Shopify/toxiproxy/v2"
-	"github.com/Shopify/toxiproxy/v2/collectors"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/leasehold/leasehold/remote/tiered"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-	"github.com/rs/zerolog"
 )
 
 // globe is three regions, each with its own Redis and limitersPer
@@ -54,16 +51,10 @@ const (
 func newGlobe(t *testing.T, policy hybrid.Policy, oneWay time.Duration) *globe {
 	t.Helper()
 	parent := redistest.NewServer(t)
-	tp := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	tp.Metrics.ProxyMetrics = collectors.NewProxyMetricCollectors()
 	g := &globe{}
 	logger := slog.New(slog.DiscardHandler)
-	for r := range regionsN {
-		proxy := toxiproxy.NewProxy(tp, fmt.Sprintf("parent-%d", r), "127.0.0.1:0", parent.Addr)
-		if err := proxy.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(proxy.Stop)
+	links := startProxies(t, parent.Addr, "parent-0", "parent-1", "parent-2")[:regionsN]
+	for r, proxy := range links {
 		for _, stream := range []string{"upstream", "downstream"} {
 			if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(
 				`{"name": "ocean-%s", "type": "latency", "stream": %q, "attributes": {"latency": %d}}`,
