@@ -286,6 +286,11 @@ func (c *capacity) ask(e *entry) {
 		return // the policy moved on: adopted releases the grant
 	}
 	c.install(e, p, cur, gr, sent)
+	c.next(e, req, gr)
+}
+
+// next schedules e's next grant call after answer gr to req.
+func (c *capacity) next(e *entry, req remote.GrantRequest, gr remote.Grant) {
 	// A young holder above an even part (among the bucket's holders, or
 	// the fleet if more) may hold what others wait for: it asks again
 	// soon, so the store can divide by everyone's wants. So does one

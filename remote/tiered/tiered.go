@@ -467,6 +467,12 @@ func (t *Store) refill(r remote.Request, key string, rep poolReply) {
 		// copy of the record must have it first.
 		t.copyPolicy(ctx, r.Prefix, r.Policy)
 	}
+	t.deposit(ctx, r, key, rep, res, hold, window)
+}
+
+// deposit puts a refill's batch res into the pool at key; rep is the take
+// that claimed the refill, hold a window pool's hold.
+func (t *Store) deposit(ctx context.Context, r remote.Request, key string, rep poolReply, res remote.Result, hold time.Duration, window bool) {
 	put := poolPut{N: res.Granted, Exp: rep.now + microsOf(t.cfg.poolTTL), Version: res.Version,
 		Rem: res.Remaining, Reset: microsOf(res.ResetAfter)}
 	if window {
