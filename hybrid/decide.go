@@ -93,6 +93,7 @@ func (l *Limiter) grantDecided(e *entry, n int64, allowed bool) {
 	}
 	e.misses.Add(n)
 	l.stats.rejected[SourceGrant].Add(1)
+	l.grants.overdue(e, l.cfg.now())
 }
 
 // leased takes n tokens from the lease of key's entry, if the key is

@@ -168,6 +168,9 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	}
 	req := ls.request(e, p, short, start) // may start the key's first grant call
 	if w := e.grantWait(start, ls.cfg.storeTimeout); w > start {
+		if ls.grants != nil {
+			ls.grants.overdue(e, start)
+		}
 		return fetchOutcome{retry: w.sub(start), at: start}, nil
 	}
 	// Not the caller's context: joined callers share this call. Close ends
