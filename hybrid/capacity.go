@@ -164,7 +164,15 @@ func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
 	// rate asks at once: waiting for the demand to hold costs a store
 	// call per lease meanwhile, each too small for the demand.
 	contended := e.answer.seen() && e.answer.level.Load() <= lim.Burst-p.tier(e).maxLease && rate >= perSec/float64(c.fleetSize())
-	if (contended || now.sub(from-1) >= grantDemandFor) && e.held() == nil && !g.asking.Load() && now >= g.nextAt.Load() {
+	if (contended || now.sub(from-1) >= grantDemandFor) && e.held() == nil {
+		c.askIfDue(e, g, now)
+	}
+}
+
+// askIfDue starts e's grant call unless one is in flight or the next is
+// not due yet.
+func (c *capacity) askIfDue(e *entry, g *grantState, now mono) {
+	if !g.asking.Load() && now >= g.nextAt.Load() {
 		c.askAsync(e, 0)
 	}
 }
@@ -181,9 +189,7 @@ func (c *capacity) refused(e *entry, p *policyState, holders int, now mono) {
 	if g.hotFrom.Load() == 0 {
 		g.hotFrom.Store(now + 1)
 	}
-	if !g.asking.Load() && now >= g.nextAt.Load() {
-		c.askAsync(e, 0)
-	}
+	c.askIfDue(e, g, now)
 }
 
 // overdue starts e's next grant call from a refused decision when its
@@ -202,8 +208,8 @@ func (c *capacity) overdue(e *entry, now mono) {
 	if a := g.answers.Load(); a < 1 || a > 3 || g.hotFrom.Load() == 0 {
 		return
 	}
-	if due := g.nextAt.Load(); due != 0 && now > due.add(overdueBy) && !g.asking.Load() {
-		c.askAsync(e, 0)
+	if due := g.nextAt.Load(); due != 0 {
+		c.askIfDue(e, g, now.add(-overdueBy))
 	}
 }
 

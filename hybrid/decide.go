@@ -33,8 +33,9 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 			return true
 		}
 		if h := e.held(); h != nil {
-			if res, ok := h.take(l.cfg.now(), 1); ok {
-				l.grantDecided(e, 1, res.Allowed)
+			now := l.cfg.now()
+			if res, ok := h.take(now, 1); ok {
+				l.grantDecided(e, 1, res.Allowed, now)
 				return res.Allowed
 			}
 		}
@@ -77,7 +78,7 @@ func (l *Limiter) fromGrant(e *entry, p *policyState, n int64, now mono) (Decisi
 	if !ok {
 		return Decision{}, false
 	}
-	l.grantDecided(e, n, res.Allowed)
+	l.grantDecided(e, n, res.Allowed, now)
 	t := p.tier(e)
 	return Decision{Allowed: res.Allowed, Limit: t.limits[0], Remaining: e.answer.remaining(t.est, res.Remaining, now),
 		RetryAfter: res.RetryAfter, ResetAfter: e.answer.resetAfter(now), Source: SourceGrant}, true
@@ -86,14 +87,14 @@ func (l *Limiter) fromGrant(e *entry, p *policyState, n int64, now mono) (Decisi
 // grantDecided counts a decision a grant made: an admission is activity of
 // the key (its entry's count), a refusal demand that the next renewal
 // asks for.
-func (l *Limiter) grantDecided(e *entry, n int64, allowed bool) {
+func (l *Limiter) grantDecided(e *entry, n int64, allowed bool, now mono) {
 	if allowed {
 		e.admits.Add(1)
 		return
 	}
 	e.misses.Add(n)
 	l.stats.rejected[SourceGrant].Add(1)
-	l.grants.overdue(e, l.cfg.now())
+	l.grants.overdue(e, now)
 }
 
 // leased takes n tokens from the lease of key's entry, if the key is
