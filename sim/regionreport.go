@@ -15,6 +15,7 @@ type regionStats struct {
 	// link) was cut.
 	inFault int64
 	perS    []int64 // [second] admitted
+	offS    []int64 // [second] offered
 }
 
 // regionDecision records a decision of a process of region ri.
@@ -26,10 +27,12 @@ func (r *recorder) regionDecision(now time.Duration, ri int, allowed bool) {
 		r.regions = make([]regionStats, len(r.sc.Regions))
 		for i := range r.regions {
 			r.regions[i].perS = make([]int64, len(r.perSecond))
+			r.regions[i].offS = make([]int64, len(r.perSecond))
 		}
 	}
 	rs := &r.regions[ri]
 	rs.offered++
+	rs.offS[min(int(now/time.Second), len(rs.offS)-1)]++
 	if !allowed {
 		return
 	}
@@ -97,12 +100,63 @@ func (r *recorder) regionTable(out io.Writer) {
 			rs.offered, rs.admitted, pct(rs.admitted, all), cut, share, r.parentCallsPerS(i))
 	}
 	_ = tw.Flush()
+	if lag, ok := r.followLag(); ok {
+		fmt.Fprintf(out, "admissions follow demand: worst lag %v (by cross-correlation of each region's admitted and offered per second)\n", lag)
+	}
 	lim := r.sc.Policy.limit()
 	if over := r.worldOver(); over > 0 {
 		fmt.Fprintf(out, "world: %d admitted; most over Burst + Rate·t at any moment: %.0f (Burst %d)\n", all, over, lim.Burst)
 	} else {
 		fmt.Fprintf(out, "world: %d admitted; never over Burst + Rate·t (closest: %.0f under; Burst %d)\n", all, -over, lim.Burst)
 	}
+}
+
+// followLag is, for a tiered world whose regions' demands move apart
+// (a traffic source per region), the worst lag over its regions between
+// what a region was offered and what it admitted: the shift of the
+// offered per-second series, 0 to 15 s, that correlates best with the
+// admitted one. false for a world whose regions share one source.
+func (r *recorder) followLag() (time.Duration, bool) {
+	perRegion := false
+	for _, tr := range r.sc.Traffic {
+		perRegion = perRegion || tr.Region != ""
+	}
+	if !perRegion {
+		return 0, false
+	}
+	var worst time.Duration
+	for _, rs := range r.regions {
+		best, bestCorr := 0, math.Inf(-1)
+		for shift := 0; shift <= 15 && shift < len(rs.perS)/2; shift++ {
+			if c := correlation(rs.perS[shift:], rs.offS[:len(rs.offS)-shift]); c > bestCorr {
+				best, bestCorr = shift, c
+			}
+		}
+		worst = max(worst, time.Duration(best)*time.Second)
+	}
+	return worst, true
+}
+
+// correlation is Pearson's correlation of two series of equal length.
+func correlation(a, b []int64) float64 {
+	n := float64(len(a))
+	var sa, sb float64
+	for i := range a {
+		sa += float64(a[i])
+		sb += float64(b[i])
+	}
+	ma, mb := sa/n, sb/n
+	var cov, va, vb float64
+	for i := range a {
+		da, db := float64(a[i])-ma, float64(b[i])-mb
+		cov += da * db
+		va += da * da
+		vb += db * db
+	}
+	if va == 0 || vb == 0 {
+		return 0
+	}
+	return cov / math.Sqrt(va*vb)
 }
 
 // regionMisses checks a tiered world's targets.
@@ -121,6 +175,22 @@ func (r *recorder) regionMisses() []string {
 			if d := 100 * math.Abs(float64(r.regions[i].inFault)-share) / share; d > t.RegionShareWithinPct {
 				miss = append(miss, fmt.Sprintf("region %s admitted %d cut off, share %.0f: %.1f%% off > %.1f%%",
 					r.sc.Regions[i].Name, r.regions[i].inFault, share, d, t.RegionShareWithinPct))
+			}
+		}
+	}
+	if lag, ok := r.followLag(); ok && t.FollowLagMaxS > 0 && lag.Seconds() > t.FollowLagMaxS {
+		miss = append(miss, fmt.Sprintf("admissions lag demand by %v > %.1f s", lag, t.FollowLagMaxS))
+	}
+	if t.RegionSplitWithinPts > 0 {
+		var all int64
+		for _, rs := range r.regions {
+			all += rs.admitted
+		}
+		for i, rs := range r.regions {
+			part := 100 * float64(r.sc.Regions[i].Processes) / float64(r.sc.Processes)
+			if d := pct(rs.admitted, all) - part; math.Abs(d) > t.RegionSplitWithinPts {
+				miss = append(miss, fmt.Sprintf("region %s: %.1f%% of the world's admissions, its part %.1f%%: %+.1f pts > %.1f",
+					r.sc.Regions[i].Name, pct(rs.admitted, all), part, d, t.RegionSplitWithinPts))
 			}
 		}
 	}

@@ -97,7 +97,10 @@ type link struct {
 	calls atomic.Int64
 }
 
-var _ tiered.Parent = (*link)(nil)
+var (
+	_ tiered.Parent  = (*link)(nil)
+	_ remote.Granter = (*link)(nil)
+)
 
 var errLinkCut = fmt.Errorf("sim: link to the world's store: %w: %w", remote.ErrUnavailable, remote.ErrUnreachable)
 
@@ -165,6 +168,20 @@ func (l *link) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []r
 	return l.world.Batch(context.Background(), op, rs)
 }
 
+func (l *link) Grant(ctx context.Context, r remote.GrantRequest) (remote.Grant, error) {
+	if err := l.cross(ctx); err != nil {
+		return remote.Grant{}, err
+	}
+	return l.world.Grant(context.Background(), r)
+}
+
+func (l *link) Ungrant(ctx context.Context, r remote.GrantRequest, unspent int64) (remote.Result, error) {
+	if err := l.cross(ctx); err != nil {
+		return remote.Result{}, err
+	}
+	return l.world.Ungrant(context.Background(), r, unspent)
+}
+
 func (l *link) Weigh(ctx context.Context, prefix, policy, region string, weight int64, expiry time.Duration) (int64, error) {
 	if err := l.cross(ctx); err != nil {
 		return 0, err
@@ -215,7 +232,8 @@ func (w *world) tiered(ri int) (*tiered.Store, error) {
 	rg := w.regions[ri]
 	w.incarnations++
 	return tiered.New(rg.spec.Name, rg.store, rg.link, tiered.WithClock(w.clk), tiered.WithSpawn(w.sched.spawn),
-		tiered.WithBaseContext(baseContext), tiered.WithSeed(w.seed*1_000_033+w.incarnations))
+		tiered.WithBaseContext(baseContext), tiered.WithSeed(w.seed*1_000_033+w.incarnations),
+		tiered.WithCapacityLeases(sec(w.sc.RegionCapacityLeaseS)))
 }
 
 // regionOf returns the region index of the process with id (by spawn

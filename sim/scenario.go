@@ -54,6 +54,10 @@ type Scenario struct {
 	// leases from the world's store across the region's link. Processes
 	// is then their sum.
 	Regions []RegionSpec `json:"regions"`
+	// RegionCapacityLeaseS is, in a tiered world, the term in seconds of
+	// the capacity grants each region's pools hold from the world's store
+	// (tiered.WithCapacityLeases); 0: regions lease batches.
+	RegionCapacityLeaseS float64 `json:"region_capacity_lease_s"`
 }
 
 // PolicySpec is a hybrid.Policy in JSON.
@@ -243,6 +247,13 @@ type Targets struct {
 	// WorldOverMaxBursts bounds, in a tiered world, the most the world's
 	// admissions ever ran over Burst + Rate·t since the start, in Bursts.
 	WorldOverMaxBursts *float64 `json:"world_over_max_bursts"`
+	// RegionSplitWithinPts bounds, in a tiered world whose processes all
+	// offer the same load, how far each region's part of the world's
+	// admissions strays from its processes' part, in percentage points.
+	RegionSplitWithinPts float64 `json:"region_split_within_pts"`
+	// FollowLagMaxS bounds, in a tiered world with a traffic source per
+	// region, how many seconds each region's admissions lag its demand.
+	FollowLagMaxS float64 `json:"follow_lag_max_s"`
 	// WindowUtilizationMinPct is, for audited policies, the least share
 	// of each binding limit a window of its period must admit once a whole
 	// period has passed under it (see the window audit); audits always

@@ -46,8 +46,8 @@ func TestDefaultSuiteMeetsTargets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(suite) != 19 {
-		t.Fatalf("default suite has %d scenarios, want 19", len(suite))
+	if len(suite) != 22 {
+		t.Fatalf("default suite has %d scenarios, want 22", len(suite))
 	}
 	for _, s := range suite {
 		t.Run(s.Name, func(t *testing.T) {
@@ -68,7 +68,15 @@ func TestDefaultSuiteMeetsTargets(t *testing.T) {
 				bound, servable, over := p.bound()
 				switch p.name {
 				case "healthy":
-					if over != 0 || (!s.Policy.shaped() && pct(p.admitted, servable) < 95) {
+					// Regions holding grants follow a moving demand only
+					// at their renewals and by the batches of what the
+					// grants leave: 95.0% measured in regions-day-grants,
+					// 99.1% with batches alone (RELIABILITY.md).
+					least := 95.0
+					if s.Name == "regions-day-grants" {
+						least = 93
+					}
+					if over != 0 || (!s.Policy.shaped() && pct(p.admitted, servable) < least) {
 						t.Errorf("healthy: over-admitted %d of bound %d, utilization %.1f%%", over, bound, pct(p.admitted, servable))
 					}
 				case "outage":

@@ -29,7 +29,7 @@ end
 // server's TIME in µs.
 const Record = `
 local now
-local function read_record(key, tag, names)
+local function read_record(key, tag, names, fewest)
   local raw = redis.pcall('GET', key)
   if type(raw) == 'table' and raw.err then
     return nil, redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
@@ -41,11 +41,11 @@ local function read_record(key, tag, names)
   if not raw then return s end
   local f = {}
   for v in string.gmatch(raw, '%S+') do f[#f + 1] = v end
-  if #f ~= #names + 1 or f[1] ~= tag then
+  if #f > #names + 1 or #f < (fewest or #names) + 1 or f[1] ~= tag then
     return nil, redis.error_reply('LEASEHOLD_CORRUPT ' .. tag .. ' record')
   end
   for i, name in ipairs(names) do
-    local v = tonumber(f[i + 1])
+    local v = tonumber(f[i + 1] or '0')
     if not v or v ~= math.floor(v) then
       return nil, redis.error_reply('LEASEHOLD_CORRUPT ' .. tag .. ' record')
     end

@@ -112,6 +112,10 @@ type Store struct {
 	closed bool
 	drains map[string]clock.Timer // pool key -> its give-back timer
 	rng    *rand.Rand             // guarded by mu
+	holder string                 // the region's name as a grant holder at the parent
+	// noGrants: prefix and policy -> the version the parent refused
+	// grants for (remote.ErrNoGrants); its pools lease batches.
+	noGrants sync.Map
 
 	parentCalls, refills, failures, givenBack, leased atomic.Int64
 	rttMicros                                         atomic.Int64 // of the last refill's round trip
@@ -136,6 +140,7 @@ type Option interface{ apply(*config) }
 
 type config struct {
 	gap, horizon, lead, poolTTL, beat, timeout, expiry time.Duration
+	term                                               time.Duration // capacity leases; 0: off
 	clk                                                clock.Clock
 	spawn                                              func(run func())
 	seed                                               uint64
@@ -162,6 +167,8 @@ func (c *config) check(region string, local Region, parent Parent) error {
 		return fmt.Errorf("%w: nil region store", errConfig)
 	case parent == nil:
 		return fmt.Errorf("%w: nil parent", errConfig)
+	case c.term < 0 || (c.term > 0 && c.term < 8*c.gap):
+		return fmt.Errorf("%w: WithCapacityLeases(%v): 0, or at least 8 refill gaps (%v)", errConfig, c.term, 8*c.gap)
 	case c.expiry < c.beat:
 		return fmt.Errorf("%w: WithRegionExpiry(%v): shorter than the beat, %v", errConfig, c.expiry, c.beat)
 	case c.clk == nil:
@@ -275,7 +282,7 @@ func New(region string, local Region, parent Parent, opts ...Option) (*Store, er
 		cfg.seed = rand.Uint64()
 	}
 	t := &Store{region: region, local: local, recs: recs, parent: parent, cfg: cfg, drains: map[string]clock.Timer{},
-		rng: rand.New(rand.NewPCG(cfg.seed, 0x7133ed))}
+		rng: rand.New(rand.NewPCG(cfg.seed, 0x7133ed)), holder: grantHolder(region)}
 	t.rttMicros.Store(cfg.gap.Microseconds() / 3) // until a refill measures it
 	t.ctx, t.cancel = context.WithCancel(cfg.base)
 	return t, nil
@@ -374,6 +381,11 @@ func (t *Store) Lease(ctx context.Context, r remote.Request) (remote.Result, err
 	if rep.granted > 0 || res.Stale {
 		return res, nil
 	}
+	if rep.st.live(rep.now) {
+		// A grant pool refills itself: no refusal waits for the parent.
+		res.RetryAfter = grantRetry(&rep.st, max(min(r.N, rep.st.gcap), r.Need))
+		return res, nil
+	}
 	if rep.st.down != 0 {
 		return remote.Result{}, t.parentDown(key, rep)
 	}
@@ -436,6 +448,12 @@ func rateOver(lim local.Limit, d time.Duration) int64 {
 // refill leases a batch for the pool at key from the parent and deposits
 // it; rep is the take that claimed the refill.
 func (t *Store) refill(r remote.Request, key string, rep poolReply) {
+	// A grant pool's take that found it empty before its grant call is
+	// due claims a batch of what the grants leave (see poolTake).
+	renewal := rep.st.renew == 0 || rep.now >= rep.st.renew || rep.granted > 0
+	if g, ok := t.granter(&r, rep); ok && renewal && t.grantRefill(g, r, key, rep) {
+		return
+	}
 	pctx, cancel := context.WithTimeout(t.ctx, t.cfg.timeout)
 	defer cancel()
 	pr := r
@@ -563,8 +581,15 @@ func (t *Store) giveBackAfter(r remote.Request, key string, d time.Duration) {
 func (t *Store) giveBack(r remote.Request, key string) {
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.timeout)
 	defer cancel()
-	rep, err := t.recs.pool(ctx, key, poolDrain{})
-	if err != nil || rep.granted <= 0 {
+	rep, err := t.recs.pool(ctx, key, poolDrain{Idle: microsOf(t.cfg.poolTTL)})
+	if err != nil {
+		return
+	}
+	if rep.ended {
+		t.ungrant(ctx, r, key, rep.granted)
+		return
+	}
+	if rep.granted <= 0 {
 		return
 	}
 	t.returnToParent(ctx, r, key, rep.granted, rep.since)

@@ -16,7 +16,7 @@ import (
 // randomPoolOp draws a pool operation with arguments around now: times on
 // both sides of it, versions older and newer.
 func randomPoolOp(r *rand.Rand, now micros, ver *uint64) poolOp {
-	switch r.IntN(9) {
+	switch r.IntN(11) {
 	case 0, 1, 2:
 		return poolTake{N: 1 + r.Int64N(50), Need: r.Int64N(5), Window: r.IntN(3) == 0, Hold: micros(r.Int64N(200_000)),
 			LowWater: 1 + r.Int64N(20), Claim: micros(1 + r.Int64N(500_000)), Lead: micros(r.Int64N(500_000)),
@@ -36,7 +36,18 @@ func randomPoolOp(r *rand.Rand, now micros, ver *uint64) poolOp {
 		}
 		return g
 	case 7:
-		return poolDrain{}
+		return poolDrain{Idle: micros(r.Int64N(2_000_000))}
+	case 8, 9:
+		if r.IntN(8) == 0 {
+			*ver++
+		}
+		g := poolGrant{Share: r.Int64N(1025), Gper: r.Int64N(3) * (1 + r.Int64N(5_000_000)), Cap: r.Int64N(200),
+			Tokens: r.Int64N(50), GrantExp: now + micros(r.Int64N(3_000_000)-500_000), Renew: now + micros(r.Int64N(1_000_000)),
+			Exp: now + micros(r.Int64N(3_000_000)), Version: *ver, Rem: r.Int64N(1000), Reset: micros(r.Int64N(2_000_000))}
+		if r.IntN(6) == 0 {
+			g.Renew = 0 // grants off: back to batches
+		}
+		return g
 	}
 	return poolRead{}
 }
