@@ -48,7 +48,7 @@ const (
 	limitersPer = 4
 )
 
-func newGlobe(t *testing.T, policy hybrid.Policy, oneWay time.Duration) *globe {
+func newGlobe(t *testing.T, policy hybrid.Policy, oneWay time.Duration, opts ...tiered.Option) *globe {
 	t.Helper()
 	parent := redistest.NewServer(t)
 	g := &globe{}
@@ -68,7 +68,7 @@ func newGlobe(t *testing.T, policy hybrid.Policy, oneWay time.Duration) *globe {
 		for i := range limitersPer {
 			pc := redis.NewClient(&redis.Options{Addr: proxy.Listen, ContextTimeoutEnabled: true, MaxRetries: -1})
 			rc := regional.Client(t)
-			ts, err := tiered.New(fmt.Sprintf("region-%d", r), remote.NewRedis(rc), remote.NewRedis(pc))
+			ts, err := tiered.New(fmt.Sprintf("region-%d", r), remote.NewRedis(rc), remote.NewRedis(pc), opts...)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -186,8 +186,11 @@ func (t *Store) grantRefill(g remote.Granter, r remote.Request, key string, rep 
 // renewAfter is how long after the claim of rep the pool's next grant
 // call is due, given answer gr to req: at once when the share was lowered
 // (the parent counts the region at what it says it runs at until told);
-// a refill gap while young above an even part or kept waiting with none,
-// so the regions settle their shares within a few gaps; an eighth of the
+// a refill gap for the first two answers (regions that start together
+// ask within a gap of each other, and a first answer cannot know the
+// wants of those that have not asked yet), for a third while above an
+// even part, and while kept waiting with none, so the regions settle
+// their shares within a few gaps; an eighth of the
 // term when short of both its want and an even part; else a quarter.
 func (t *Store) renewAfter(req remote.GrantRequest, gr remote.Grant, rep poolReply) micros {
 	part := remote.GrantUnits / int64(max(gr.Holders, 1))
@@ -195,7 +198,7 @@ func (t *Store) renewAfter(req remote.GrantRequest, gr remote.Grant, rep poolRep
 	switch {
 	case gr.Share < req.Running:
 		return 0
-	case gr.Share == 0 || (asks <= 3 && gr.Share > part):
+	case gr.Share == 0 || asks <= 2 || (asks <= 3 && gr.Share > part):
 		return microsOf(t.cfg.gap)
 	case gr.Share < req.Want && gr.Share < part:
 		return microsOf(t.cfg.term / (2 * grantRenewals))

@@ -108,12 +108,12 @@ func TestGrantPoolSpendsItsGrant(t *testing.T) {
 	// (its refill is 0: the grants hold the whole rate).
 	spare := w.parentLevel(t)
 	var first int64
-	for range 20 {
+	for range 30 {
 		w.clk.Advance(100 * time.Millisecond)
 		first += offer(t, ts, 10)
 	}
-	if first != spare+100 || w.parentLevel(t) != 0 {
-		t.Fatalf("first 2 s: %d admitted, want the bucket's %d and 100 of the grant; bucket level now %d", first, spare, w.parentLevel(t))
+	if first != spare+150 || w.parentLevel(t) != 0 {
+		t.Fatalf("first 3 s: %d admitted, want the bucket's %d and 150 of the grant; bucket level now %d", first, spare, w.parentLevel(t))
 	}
 	calls := w.link.calls.Load()
 	for i := range 10 {

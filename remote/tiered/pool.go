@@ -234,7 +234,11 @@ func (o poolPut) apply(st *poolState, now micros) poolReply {
 	st.down = 0
 	st.ver = max(st.ver, o.Version)
 	st.rem = o.Rem
-	st.used, st.at = 0, now
+	if st.renew == 0 {
+		// A grant pool measures its demand from grant call to grant
+		// call, whatever batches come between.
+		st.used, st.at = 0, now
+	}
 	return rep
 }
 

@@ -98,8 +98,10 @@ elseif op == 'put' then
   s.down = 0
   if a[3] > s.ver then s.ver = a[3] end
   s.rem = a[4]
-  s.used = 0
-  s.at = now
+  if s.renew == 0 then
+    s.used = 0
+    s.at = now
+  end
 elseif op == 'grant' then
   -- a: share, gper, cap, tokens, grant exp, renew, exp, version, parent remaining, parent reset
   if a[8] > s.ver and s.ver ~= 0 and s.level > 0 then granted = s.level; s.level = 0; s.bat = 0 end
