@@ -68,15 +68,7 @@ func TestDefaultSuiteMeetsTargets(t *testing.T) {
 				bound, servable, over := p.bound()
 				switch p.name {
 				case "healthy":
-					// Regions holding grants follow a moving demand only
-					// at their renewals and by the batches of what the
-					// grants leave: 95.0% measured in regions-day-grants,
-					// 99.1% with batches alone (RELIABILITY.md).
-					least := 95.0
-					if s.Name == "regions-day-grants" {
-						least = 93
-					}
-					if over != 0 || (!s.Policy.shaped() && pct(p.admitted, servable) < least) {
+					if over != 0 || (!s.Policy.shaped() && pct(p.admitted, servable) < 95) {
 						t.Errorf("healthy: over-admitted %d of bound %d, utilization %.1f%%", over, bound, pct(p.admitted, servable))
 					}
 				case "outage":

@@ -72,6 +72,12 @@ var errConfig = errs.New("tiered", "invalid configuration")
 // of its Rate, if more), so no region hoards; a bucket pool that no one
 // refilled for the pool TTL gives what it holds back to the parent.
 //
+// With WithCapacityLeases a pool whose key has demand holds a capacity
+// grant from the parent instead (see grant.go): it refills itself at the
+// grant's rate until a margin before the term, so a region cut off for
+// less than the term admits by its grant and the parent gives the other
+// regions only what the grants leave.
+//
 // When the parent does not answer, takes go on from the pool; once it is
 // dry, calls fail with remote.ErrUnavailable (and remote.ErrUnreachable) and the
 // region's limiters run on their degraded shares, as for any store outage,
