@@ -318,6 +318,7 @@ func (c *capacity) ask(e *entry) {
 	case gr.Stale:
 		return // the policy moved on: adopted releases the grant
 	}
+	e.mark(gr.Result.Mark, 0, 1) // a key that asks for a grant is contended
 	c.install(e, p, cur, gr, sent)
 	c.next(e, req, gr)
 }

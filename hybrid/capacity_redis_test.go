@@ -361,7 +361,7 @@ func TestCapacityLeasesLongPartition(t *testing.T) {
 	time.Sleep(4 * time.Second)
 	healAt := time.Now()
 	cuts[0].Down.Store(false)
-	time.Sleep(2 * time.Second)
+	time.Sleep(4 * time.Second)
 	close(stop)
 	adm := collect()
 	end := time.Now()
@@ -381,5 +381,103 @@ func TestCapacityLeasesLongPartition(t *testing.T) {
 	}
 	if by[SourceDegraded] == 0 {
 		t.Fatalf("nothing decided by the degraded share: the cut-off limiter's grant outlived its term")
+	}
+	// Paid back: the heal charges every degraded admission (the bucket
+	// spilled nothing, the others drew it all along); while the debt is
+	// out the grants get half their allocation, so the bucket refills at
+	// half the rate at least. The cumulative count is back under
+	// Burst + Rate·t within the time half the rate takes to pay the
+	// excess, plus 2 s: the breaker's probe finds the store back, the
+	// settlement runs, the holders renew (term/4) and the cut-off one's
+	// degraded admissions before its recovery join the debt.
+	excess := overAt(adm, start, healAt, lim)
+	back := backUnder(adm, start, lim)
+	stay := time.Duration(2*float64(excess)/float64(lim.Rate)*float64(time.Second)) + 2*time.Second
+	t.Logf("over Burst + Rate·t by %d at the heal; back under it for good %v after the heal (stated: within %v)",
+		excess, back.Sub(healAt).Round(time.Millisecond), stay.Round(time.Millisecond))
+	if total > totalBound {
+		t.Errorf("the run ends %d over Burst + Rate·t: the partition's excess was not paid back", total-totalBound)
+	}
+	if back.Sub(healAt) > stay {
+		t.Errorf("back under Burst + Rate·t %v after the heal, want within %v", back.Sub(healAt), stay)
+	}
+}
+
+// overAt is how far the admissions up to at ran over Burst + Rate·t since
+// start.
+func overAt(adm []sourced, start, at time.Time, lim Limit) int64 {
+	var n int64
+	for _, x := range adm {
+		if x.asked.Before(at) {
+			n++
+		}
+	}
+	return n - lim.Burst - lim.TokensIn(at.Sub(start))
+}
+
+// backUnder is the time of the last admission that took the count over
+// Burst + Rate·t since start (start itself if none did).
+func backUnder(adm []sourced, start time.Time, lim Limit) time.Time {
+	ts := make([]time.Time, len(adm))
+	for i, x := range adm {
+		ts[i] = x.asked
+	}
+	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	last := start
+	for k, at := range ts {
+		if int64(k+1) > lim.Burst+lim.TokensIn(at.Sub(start)) {
+			last = at
+		}
+	}
+	return last
+}
+
+// TestPartialPartitionPaidBack: without capacity leases, 1 of 4 limiters
+// at more than the limit loses Redis for 3 s while the others keep it.
+// The others draw the whole bucket meanwhile and the cut-off one adds its
+// degraded share on top; at the heal its debit names the bucket's spill
+// mark from before the cut, the bucket spilled nothing since (it was
+// drawn all along), so every degraded admission is charged, and the
+// excess is paid back: the run ends under Burst + Rate·t, back under it
+// within the time the rate takes to pay the excess plus 2 s. (Before
+// spill marks the heal charged only what the share had not covered with
+// elapsed time, and the excess stayed: +814 over a 9 s run.)
+func TestPartialPartitionPaidBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("9 s of load")
+	}
+	lim := Limit{Rate: 1000, Period: time.Second, Burst: 100}
+	const n = 4
+	lims, cuts := cutFleet(t, n, runPolicy("paid-back", lim), 0, WithFleetSize(n))
+	stop := make(chan struct{})
+	start := time.Now()
+	collect := spinAll(lims, 4, "paid", stop)
+	time.Sleep(2 * time.Second)
+	cutAt := time.Now()
+	cuts[0].Down.Store(true)
+	time.Sleep(3 * time.Second)
+	healAt := time.Now()
+	cuts[0].Down.Store(false)
+	time.Sleep(4 * time.Second)
+	close(stop)
+	adm := collect()
+	end := time.Now()
+
+	during, by := between(adm, cutAt, healAt)
+	excess := overAt(adm, start, healAt, lim)
+	back := backUnder(adm, start, lim)
+	total, totalBound := int64(len(adm)), lim.Burst+lim.TokensIn(end.Sub(start))
+	stay := time.Duration(float64(excess)/float64(lim.Rate)*float64(time.Second)) + 2*time.Second
+	t.Logf("1 of %d cut for %v: %d admitted during the cut (by source %v), %d over Burst + Rate·t at the heal; back under it for good %v after the heal (stated: within %v); whole run %d against %d (%+d)",
+		n, healAt.Sub(cutAt).Round(time.Millisecond), during, by, excess, back.Sub(healAt).Round(time.Millisecond),
+		stay.Round(time.Millisecond), total, totalBound, total-totalBound)
+	if by[SourceDegraded] == 0 || excess <= 0 {
+		t.Fatalf("the cut-off limiter added nothing on top (degraded %d, excess %d): the test shows no payback", by[SourceDegraded], excess)
+	}
+	if total > totalBound {
+		t.Errorf("the run ends %d over Burst + Rate·t: the partition's excess was not paid back", total-totalBound)
+	}
+	if back.Sub(healAt) > stay {
+		t.Errorf("back under Burst + Rate·t %v after the heal, want within %v", back.Sub(healAt), stay)
 	}
 }

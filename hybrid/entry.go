@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"github.com/leasehold/leasehold/remote"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,11 @@ type answer struct {
 // rareState is the part of an entry that most keys never need. Each
 // concern's part is its own type with its own lock.
 type rareState struct {
+	// The bucket's spill mark at the last answer (remote.SpillMark), kept
+	// for keys whose bucket was not full: a debit of an outage carries
+	// the one from before it began.
+	markBorn, markSpill atomic.Int64
+
 	pace  reservations // the pacer's
 	down  degradedKey  // the outage's
 	grant grantState   // capacity's
@@ -306,4 +312,28 @@ func (d *demand) observe(now mono, count int64) float64 {
 	}
 	d.at, d.base = now, count
 	return float64(d.rate)
+}
+
+// mark keeps a reply's spill mark: for a key with rare state already, or
+// whose bucket held less than maxLease (one that others draw too, where a
+// partition's excess must be paid back). A full bucket spills anyway, and
+// its debits charge their unpaid part.
+func (e *entry) mark(m remote.SpillMark, remaining, maxLease int64) {
+	r := e.rare.Load()
+	if r == nil {
+		if m.Born == 0 || remaining >= maxLease {
+			return
+		}
+		r = e.extra()
+	}
+	r.markSpill.Store(m.Spill)
+	r.markBorn.Store(m.Born)
+}
+
+// lastMark is the spill mark of the last answer kept (zero: none).
+func (e *entry) lastMark() remote.SpillMark {
+	if r := e.rare.Load(); r != nil {
+		return remote.SpillMark{Born: r.markBorn.Load(), Spill: r.markSpill.Load()}
+	}
+	return remote.SpillMark{}
 }

@@ -280,6 +280,7 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need int64,
 		ls.bucketLost(e)
 	}
 	e.answer.record(res.Remaining, res.ResetAfter, now)
+	e.mark(res.Mark, res.Remaining, p.tier(e).maxLease)
 	if res.Binding != 0 || e.rare.Load() != nil {
 		e.extra().binding.Store(int32(res.Binding))
 	}

@@ -83,6 +83,19 @@ type degradedKey struct {
 	// chargedAt; see unpaid.
 	charged   int64
 	chargedAt mono
+	// markBorn, markSpill: the key's spill mark when its debt began (the
+	// last answer before the outage), for the debit that charges it.
+	markBorn, markSpill atomic.Int64
+}
+
+// owe adds n admitted tokens to the debt of e, keeping e's last spill
+// mark when the debt begins.
+func (x *degradedKey) owe(e *entry, n int64) {
+	if x.debt.Add(n) == n {
+		m := e.lastMark()
+		x.markSpill.Store(m.Spill)
+		x.markBorn.Store(m.Born)
+	}
 }
 
 func newOutage(cfg *config, stats *counters, store *breaker.Store, id string) *outage {
@@ -99,7 +112,7 @@ func (o *outage) decide(e *entry, p *policyState, n int64, now mono) Decision {
 	switch o.cfg.outage {
 	case OutageFailOpen:
 		o.stats.admitted[SourceFailOpen].Add(1)
-		e.extra().down.debt.Add(n)
+		e.extra().down.owe(e, n)
 		return Decision{Allowed: true, Limit: t.limits[0], Source: SourceFailOpen}
 	case OutageFailClosed:
 		o.stats.rejected[SourceFailClosed].Add(1)
@@ -120,7 +133,7 @@ func (o *outage) decide(e *entry, p *policyState, n int64, now mono) Decision {
 		return Decision{Limit: b.Limit(), Remaining: r.Remaining, RetryAfter: wait, ResetAfter: r.ResetAfter, Source: SourceDegraded}
 	}
 	o.stats.admitted[SourceDegraded].Add(1)
-	e.extra().down.debt.Add(n)
+	e.extra().down.owe(e, n)
 	return Decision{Allowed: true, Limit: b.Limit(), Remaining: r.Remaining, ResetAfter: r.ResetAfter, Source: SourceDegraded}
 }
 
@@ -309,21 +322,42 @@ func (o *outage) unpaid(e *entry, p *policyState, admitted int64, now mono) int6
 	return d
 }
 
-// charges takes e's outage debt and returns the debit of its unpaid part
-// under p.
+// charges takes e's outage debt and returns its debit under p. The debit
+// charges the unpaid part (see unpaid), unless it names the bucket's
+// spill mark from before the debt began: then the bucket charges every
+// admitted token less the refill it lost at its cap since (the outage
+// left it unused), which pays back what a partition that only this
+// process saw admitted on top of the others' draw. Sliding windows and
+// several limits keep no marks.
 func (o *outage) charges(e *entry, p *policyState, now mono) []reconcile.Item {
-	if d := o.unpaid(e, p, e.takeDebt(), now); d > 0 {
-		return []reconcile.Item{debitItem(o.cfg.prefix, p, e, d)}
+	x := &e.extra().down
+	born, spill := x.markBorn.Load(), x.markSpill.Load()
+	admitted := e.takeDebt()
+	d := o.unpaid(e, p, admitted, now)
+	if p.shaped || p.hold > 0 || admitted <= 0 {
+		born = 0
 	}
-	return nil
+	if d <= 0 && born == 0 {
+		return nil
+	}
+	it := debitItem(o.cfg.prefix, p, e, d)
+	if born != 0 {
+		it.Req.Spent, it.Req.Mark = admitted, remote.SpillMark{Born: born, Spill: spill}
+	}
+	return []reconcile.Item{it}
 }
 
-// refund puts n tokens of a debit the store did not take back into e's
-// outage debt, and out of what the share counts as charged.
-func (o *outage) refund(e *entry, n int64) {
+// refund puts a debit the store did not take back into e's outage debt
+// (every token it spent, with the mark it had), and its unpaid part out
+// of what the share counts as charged.
+func (o *outage) refund(e *entry, r remote.Request) {
 	x := &e.extra().down
 	x.mu.Lock()
-	x.charged = max(x.charged-n, 0)
+	x.charged = max(x.charged-r.N, 0)
 	x.mu.Unlock()
-	x.debt.Add(n)
+	n := max(r.N, r.Spent)
+	if x.debt.Add(n) == n && r.Mark.Born != 0 {
+		x.markSpill.Store(r.Mark.Spill)
+		x.markBorn.Store(r.Mark.Born)
+	}
 }

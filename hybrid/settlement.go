@@ -98,7 +98,7 @@ func (s *settlement) requeue(failed []reconcile.Item) {
 	var rest []reconcile.Item
 	for _, it := range failed {
 		if e := s.keys.load(it.Req.Key); it.Op == remote.OpDebit && e != nil {
-			s.outage.refund(e, it.Req.N)
+			s.outage.refund(e, it.Req)
 			continue
 		}
 		rest = append(rest, it)

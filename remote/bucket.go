@@ -28,6 +28,15 @@ type state struct {
 	// carry then counts in per·grantUnits units (see refill).
 	grants []grantRec
 	gfrac  int64
+	// born is the store time the bucket was made (0: made before spill
+	// marks), spill the refill it lost at its cap that no debit has
+	// claimed yet (see SpillMark).
+	born  micros
+	spill int64
+	// owed is the part of a negative level that debits charged (the rest
+	// is future-dated tokens): while it is out, no grant gets more than
+	// half its allocation, so the bucket refills and is paid.
+	owed int64
 }
 
 // grantRec is one live capacity grant, as the script keeps it.
@@ -95,25 +104,32 @@ func (s *state) netWait(from, to int64) int64 {
 }
 
 // seg refills elapsed µs at r tokens every p µs up to limit from carry c
-// and returns the new carry.
+// and returns the new carry; what the limit cuts off is spilled.
 func (s *state) seg(elapsed, r, p, limit, c int64) int64 {
-	if s.level >= limit {
-		return 0
-	}
 	if r <= 0 {
+		if s.level >= limit {
+			return 0
+		}
 		return c
 	}
 	q, rm := idiv(elapsed, p)
-	if q >= cdiv(limit-s.level, r) {
-		s.level = limit
-		return 0
-	}
 	t, c2 := idiv(rm*r+c, p)
-	s.level += q*r + t
+	var tokens int64
+	if q > (maxDebt-t)/r {
+		tokens = maxDebt // more than any debit claims
+	} else {
+		tokens = q*r + t
+	}
 	if s.level >= limit {
+		s.spill = min(s.spill+tokens, maxDebt)
+		return 0
+	}
+	if tokens >= limit-s.level {
+		s.spill = min(s.spill+tokens-(limit-s.level), maxDebt)
 		s.level = limit
 		return 0
 	}
+	s.level += tokens
 	return c2
 }
 
@@ -157,6 +173,7 @@ func (s *state) refill(now micros) {
 func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros) (state, Result) {
 	st.grants = slices.Clone(st.grants)
 	stale := st.bring(exists, r, m, now)
+	st.owed = min(st.owed, max(-st.level, 0))
 	var granted, delay, retry int64
 	switch op {
 	case OpLease:
@@ -167,7 +184,9 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 	case OpReturn:
 		st.giveBack(r.N)
 	case OpDebit:
-		st.level = max(st.level-r.N, -maxDebt)
+		c := st.charge(r)
+		st.level = max(st.level-c, -maxDebt)
+		st.owed = min(st.owed+c, max(-st.level, 0))
 	case opGrant:
 		if !stale {
 			granted, delay, retry = st.grant(r, now)
@@ -191,7 +210,20 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 		Stale:      stale,
 		Created:    !exists,
 		Holders:    holders,
+		Mark:       SpillMark{Born: int64(st.born), Spill: st.spill},
 	}
+}
+
+// charge is what a debit r costs the bucket: with a mark of this bucket,
+// every token r spent less what the bucket spilled since the mark (that
+// spill is then claimed, so no other debit claims it again); else r.N.
+func (st *state) charge(r *Request) int64 {
+	if r.Mark.Born == 0 || r.Mark.Born != int64(st.born) || r.Spent <= 0 {
+		return r.N
+	}
+	forgiven := min(r.Spent, max(st.spill-r.Mark.Spill, 0))
+	st.spill -= forgiven
+	return r.Spent - forgiven
 }
 
 // bring brings the bucket to now under r's limit m: a full bucket when
@@ -202,7 +234,7 @@ func (st *state) bring(exists bool, r *Request, m exact.Micros, now micros) (sta
 	case !exists:
 		// Redis keeps grants in a key of their own, which outlives the
 		// bucket only if someone evicted the bucket: here both go together.
-		*st = state{level: m.Burst, last: now, version: r.Version, burst: m.Burst, rate: m.Rate, per: m.Per}
+		*st = state{level: m.Burst, last: now, version: r.Version, burst: m.Burst, rate: m.Rate, per: m.Per, born: now}
 	case st.version > r.Version:
 		st.refill(now)
 		return true
@@ -301,6 +333,9 @@ func (st *state) grant(r *Request, now micros) (share, burst, tokens int64) {
 	offer := min(alloc, grantUnits-(sh-x.share))
 	if base := min(g.running, x.share); offer > base && st.level < 0 {
 		offer = base // no rise while future-dated tokens or debt are out
+	}
+	if half := alloc / 2; offer > half && st.owed > 0 {
+		offer = half // half the rate goes to paying a debt
 	}
 	counted := max(offer, min(g.running, x.share))
 	if grow := min(g.burst-x.burst, st.burst-b); grow > 0 {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leasehold/leasehold/clock"
@@ -48,6 +49,7 @@ func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 		lim, version := randLimit(), uint64(1)
 		key := fmt.Sprintf("gseq-%s-%d", run, seq)
 		before := ""
+		var mark SpillMark // of the last answer
 		for i := range 60 {
 			if r.IntN(20) == 0 {
 				lim, version = randLimit(), version+1
@@ -63,6 +65,18 @@ func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 				Term: time.Duration(1+r.Int64N(3000)) * time.Millisecond, MaxHolders: 1 + r.IntN(3)}
 			unspent := r.Int64N(60)
 			op := []Op{OpLease, OpLease, OpReturn, OpDebit, opGrant, opGrant, opGrant, opUngrant}[r.IntN(8)]
+			if op == OpDebit && r.IntN(3) > 0 {
+				// A debit of what an outage spent, forgiven what spilled
+				// since a mark: the last answer's, an earlier spill, or
+				// another incarnation's.
+				req.Spent, req.Mark = r.Int64N(2*lim.Burst), mark
+				switch r.IntN(4) {
+				case 0:
+					req.Mark.Spill = max(req.Mark.Spill-r.Int64N(3*lim.Burst), 0)
+				case 1:
+					req.Mark.Born++
+				}
+			}
 			call := func(s interface {
 				Store
 				Granter
@@ -100,6 +114,7 @@ func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 				t.Fatalf("seq %d step %d %v %+v: state\n lua %s\n  Go %s", seq, i, op, g, l, m)
 			}
 			before = l
+			mark = got.Mark
 			step(r)
 		}
 	}
@@ -246,7 +261,7 @@ func memGrantState(s *MemoryStore, r *Request) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.mu.buckets[bucketKey(r)].st
-	out := fmt.Sprintf("%d %d %d %d %d %d %d / ", st.level, st.carry, st.last, st.version, st.burst, st.rate, st.per)
+	out := fmt.Sprintf("%d %d %d %d %d %d %d %d %d %d / ", st.level, st.carry, st.last, st.version, st.burst, st.rate, st.per, st.born, st.spill, st.owed)
 	if len(st.grants) == 0 {
 		return out
 	}
@@ -256,4 +271,75 @@ func memGrantState(s *MemoryStore, r *Request) string {
 	}
 	slices.Sort(parts[1:])
 	return out + strings.Join(parts, "|")
+}
+
+// TestDebitForgivenBySpill: a debit that carries the mark of the caller's
+// last answer is charged what it spent less the refill the bucket lost at
+// its cap since then (capacity no one used), and that spill is claimed: a
+// second debit on the same mark gets only what is left. A mark of another
+// incarnation (the bucket expired and was made again) charges N. Lua and
+// its Go twin alike.
+func TestDebitForgivenBySpill(t *testing.T) {
+	for _, name := range []string{"lua", "go"} {
+		t.Run(name, func(t *testing.T) {
+			mr := miniredis.RunT(t)
+			start := time.Unix(1_700_000_000, 0)
+			mr.SetTime(start)
+			c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+			t.Cleanup(func() { _ = c.Close() })
+			clk := clock.NewManual(start)
+			var s Store = NewMemory(clk)
+			if name == "lua" {
+				s = NewRedis(c)
+			}
+			ctx := context.Background()
+			at := func(d time.Duration) {
+				mr.SetTime(start.Add(d))
+				mr.FastForward(start.Add(d).Sub(clk.Now()))
+				clk.AdvanceTo(start.Add(d))
+			}
+			req := Request{Policy: "spill", Key: "k", Limit: local.Limit{Rate: 10, Period: time.Second, Burst: 10}, Version: 1, N: 10, Min: 10, Need: 10}
+			res, err := s.Lease(ctx, req)
+			if err != nil || res.Granted != 10 || res.Mark.Born == 0 {
+				t.Fatalf("lease = %+v, %v", res, err)
+			}
+			mark := res.Mark
+			// Someone else's lease at 1.5 s keeps the bucket (a full one
+			// expires a second after it filled): full at 1 s, it lost 5 at
+			// its cap; by 2 s it lost 4 more.
+			one := req
+			one.N, one.Min, one.Need = 1, 1, 1
+			at(1500 * time.Millisecond)
+			if res, err := s.Lease(ctx, one); err != nil || res.Granted != 1 || res.Mark.Spill != 5 {
+				t.Fatalf("lease at 1.5 s = %+v, %v; want a spill of 5", res, err)
+			}
+			at(2 * time.Second)
+			debit := func(spent, n int64, m SpillMark) int64 {
+				t.Helper()
+				d := req
+				d.N, d.Min, d.Need, d.Spent, d.Mark = n, 0, 0, spent, m
+				res, err := s.Debit(ctx, d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res.Remaining
+			}
+			if rem := debit(15, 3, mark); rem != 4 {
+				t.Fatalf("15 spent, 9 spilled since the mark: %d remain, want 4 (6 charged)", rem)
+			}
+			// The spill is claimed: the next 15 are all charged.
+			if rem := debit(15, 3, mark); rem != 0 {
+				t.Fatalf("the spill claimed twice: %d remain", rem)
+			}
+			if res, _ := s.Lease(ctx, one); res.Granted != 0 || res.RetryAfter != 1200*time.Millisecond {
+				t.Fatalf("after a debt of 11: %+v, want a refusal for 1.2 s", res)
+			}
+			other := mark
+			other.Born++
+			at(4 * time.Second) // the debt paid, 9 back
+			if rem := debit(30, 2, other); rem != 7 {
+				t.Fatalf("a mark of another bucket: %d remain, want 7 (N = 2 charged)", rem)
+			}
+		})
+	}
 }

@@ -90,6 +90,11 @@ func parseState(raw string) (state, error) {
 		return state{}, fmt.Errorf("state %q is not leasehold's", raw)
 	}
 	st.version = uint64(version)
+	var born int64
+	if n, _ := fmt.Sscanf(raw, "%d %d %d %d %d %d %d %d %d %d", new(int64), new(int64), new(int64), new(int64), new(int64),
+		new(int64), new(int64), &born, &st.spill, &st.owed); n == 10 {
+		st.born = micros(born)
+	}
 	return st, nil
 }
 

@@ -275,8 +275,13 @@ func scriptArgs(op Op, r *Request) ([]string, *redis.Script, []any, error) {
 	}
 	key := bucketKey(r)
 	if !r.shaped() {
-		return []string{key, grantsKey(r)}, bucketScript, []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version,
-			int64(r.MaxDelay / time.Microsecond), -maxDebt, TTLMargin.Milliseconds(), r.Need}, nil
+		args := []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version,
+			int64(r.MaxDelay / time.Microsecond), -maxDebt, TTLMargin.Milliseconds(), r.Need}
+		if op == OpDebit && r.Mark.Born != 0 {
+			// The grant arguments (12–16) are unused by a debit.
+			args = append(args, "", 0, 0, 0, 0, r.Spent, r.Mark.Born, r.Mark.Spill)
+		}
+		return []string{key, grantsKey(r)}, bucketScript, args, nil
 	}
 	ls, err := validateShape(op, r)
 	if err != nil {
@@ -337,10 +342,10 @@ func unreachable(err error) bool {
 // script reply goes through it.
 func parseReply(key string, v any) (Result, error) {
 	vals, ok := v.([]any)
-	if !ok || len(vals) < 9 || len(vals) > 11 {
+	if !ok || len(vals) < 9 || len(vals) > 13 {
 		return Result{}, errs.Errorf("remote", "bucket %q: %w: reply %T of unexpected shape", key, ErrCorruptState, v)
 	}
-	var n [11]int64
+	var n [13]int64
 	for i, x := range vals {
 		switch x := x.(type) {
 		case int64:
@@ -355,7 +360,7 @@ func parseReply(key string, v any) (Result, error) {
 			return Result{}, errs.Errorf("remote", "bucket %q: %w: field %d is %T", key, ErrCorruptState, i, x)
 		}
 	}
-	if n[0] < 0 || n[1] < 0 || n[2] < 0 || n[3] < 0 || n[4] < 0 || n[6] < 0 || n[9] < 0 || n[9] >= maxLimits || n[10] < 0 {
+	if n[0] < 0 || n[1] < 0 || n[2] < 0 || n[3] < 0 || n[4] < 0 || n[6] < 0 || n[9] < 0 || n[9] >= maxLimits || n[10] < 0 || n[11] < 0 || n[12] < 0 {
 		return Result{}, errs.Errorf("remote", "bucket %q: %w: negative field in %v", key, ErrCorruptState, n)
 	}
 	return Result{
@@ -370,6 +375,7 @@ func parseReply(key string, v any) (Result, error) {
 		Created:    n[8] == 1,
 		Binding:    int(n[9]),
 		Holders:    int(n[10]),
+		Mark:       SpillMark{Born: n[11], Spill: n[12]},
 	}, nil
 }
 

@@ -37,6 +37,9 @@ const luaPrelude = lua.Prelude
 // ARGV[14] term: µs a grant lasts from this call (grant)
 // ARGV[15] maxholders: most grants the bucket keeps (grant)
 // ARGV[16] gburst: local burst a new grant takes from the level (grant)
+// ARGV[17] spent: every token admitted without the store since the mark (debit)
+// ARGV[18] mark born, ARGV[19] mark spill: the caller's Result.Mark (debit;
+//          absent or born 0: charge n)
 // KEYS[2]  the bucket's capacity grants, prefix{policy:key}:grants
 //
 // Capacity grants (see grants.go): a grant is a share s of the bucket's
@@ -60,26 +63,34 @@ const luaPrelude = lua.Prelude
 // if at least need, or need future-dated within maxdelay, in that order;
 // a refusal's retry is the wait for need, never for n.
 //
-// State, a string: "level carry last version burst rate per"
+// State, a string: "level carry last version burst rate per born spill
+// owed" (a state of the first seven, written before spill marks, reads
+// with the rest 0)
 //
 //	level    whole tokens; negative while future-dated grants or debt are out
 //	carry    refill progress toward the next token, in [0, per): a token
 //	         arrives each time carry reaches per, and every µs adds rate
 //	last     µs of Redis TIME when level was computed
 //	version  policy version; burst, rate, per: the limit under it
+//	born     µs of Redis TIME when the bucket was made
+//	spill    refill lost at the cap that no debit has claimed: a debit
+//	         with a mark of this bucket is charged spent less what
+//	         spilled since the mark, and claims it
+//	owed     the part of a negative level debits charged: while it is
+//	         out, no grant is offered more than half its allocation
 //
 // A newer request version rescales the bucket (tokens used are kept,
 // clamped to the new burst); an older one is refused for leases ("stale")
 // and applied under the bucket's own limit for returns and debits.
 //
 // Reply: {granted, delay_us, remaining, retry_us, reset_us, now_us,
-// version, stale, created}; created is 1 when the key did not exist (new,
+// version, stale, created, 0, holders, born, spill}; created is 1 when the key did not exist (new,
 // expired, or evicted by the server).
 //
 // Errors: "LEASEHOLD_CORRUPT ..." when the key holds a foreign value or
 // another type (WRONGTYPE, caught with pcall so every server reports it the
 // same way).
-var bucketLua = luaPrelude + strings.NewReplacer("GRANT_UNITS", strconv.Itoa(grantUnits), "GRANT_RETRY", strconv.FormatInt(grantRetry.Microseconds(), 10), "MAX_GRANT_RATE_PER", strconv.FormatInt(maxGrantRatePer, 10)).Replace(`
+var bucketLua = luaPrelude + strings.NewReplacer("GRANT_UNITS", strconv.Itoa(grantUnits), "GRANT_RETRY", strconv.FormatInt(grantRetry.Microseconds(), 10), "MAX_GRANT_RATE_PER", strconv.FormatInt(maxGrantRatePer, 10), "MAX_DEBT", strconv.FormatInt(maxDebt, 10)).Replace(`
 local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local minn = tonumber(ARGV[3])
@@ -96,7 +107,11 @@ local running = tonumber(ARGV[13] or '0')
 local term = tonumber(ARGV[14] or '0')
 local maxholders = tonumber(ARGV[15] or '0')
 local gburst = tonumber(ARGV[16] or '0')
+local spent = tonumber(ARGV[17] or '0')
+local markborn = tonumber(ARGV[18] or '0')
+local markspill = tonumber(ARGV[19] or '0')
 local G = GRANT_UNITS
+local MAXSPILL = MAX_DEBT
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -149,13 +164,24 @@ end
 -- seg refills elapsed µs at r tokens every p µs up to cap from carry c,
 -- and returns the new carry.
 local function seg(elapsed, r, p, cap, c)
-  if s.level >= cap then return 0 end
-  if r <= 0 then return c end
+  if r <= 0 then
+    if s.level >= cap then return 0 end
+    return c
+  end
   local q, rm = idiv(elapsed, p)
-  if q >= cdiv(cap - s.level, r) then s.level = cap; return 0 end
   local tk, c2 = idiv(rm * r + c, p)
-  s.level = s.level + q * r + tk
-  if s.level >= cap then s.level = cap; return 0 end
+  local tokens
+  if q > math.floor((MAXSPILL - tk) / r) then tokens = MAXSPILL else tokens = q * r + tk end
+  if s.level >= cap then
+    s.spill = math.min(s.spill + tokens, MAXSPILL)
+    return 0
+  end
+  if tokens >= cap - s.level then
+    s.spill = math.min(s.spill + tokens - (cap - s.level), MAXSPILL)
+    s.level = cap
+    return 0
+  end
+  s.level = s.level + tokens
   return c2
 end
 local function refill()
@@ -221,14 +247,21 @@ local created = 0
 if not raw then
   created = 1
   local _, B = gsum()
-  s = {level = burst - B, carry = 0, last = now, version = version, burst = burst, rate = rate, per = per}
+  s = {level = burst - B, carry = 0, last = now, version = version, burst = burst, rate = rate, per = per,
+       born = now, spill = 0, owed = 0}
   gfrac = 0
 else
-  local level, carry, last, ver, sburst, srate, sper =
-    string.match(raw, '^(%-?%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  local level, carry, last, ver, sburst, srate, sper, tail =
+    string.match(raw, '^(%-?%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)(.*)$')
+  local sborn, sspill, sowed = 0, 0, 0
+  if tail and tail ~= '' then
+    sborn, sspill, sowed = string.match(tail, '^ (%d+) (%d+) (%d+)$')
+    if not sborn then level = nil end
+  end
   if not level then return redis.error_reply('LEASEHOLD_CORRUPT bucket holds a value leasehold did not write') end
   s = {level = tonumber(level), carry = tonumber(carry), last = tonumber(last), version = tonumber(ver),
-       burst = tonumber(sburst), rate = tonumber(srate), per = tonumber(sper)}
+       burst = tonumber(sburst), rate = tonumber(srate), per = tonumber(sper), born = tonumber(sborn), spill = tonumber(sspill),
+       owed = tonumber(sowed)}
   if s.rate < 1 or s.per < 1 or s.burst < 1 or s.carry >= s.per then
     return redis.error_reply('LEASEHOLD_CORRUPT bucket state out of range')
   end
@@ -249,6 +282,7 @@ else
   end
 end
 
+if s.level >= 0 then s.owed = 0 elseif s.owed > -s.level then s.owed = -s.level end
 local granted, delay, retry = 0, 0, 0
 if op == 'lease' then
   if stale == 1 then
@@ -269,8 +303,17 @@ elseif op == 'return' then
   s.level = s.level + n
   if s.level >= s.burst - B then s.level = s.burst - B; s.carry = 0; gfrac = 0 end
 elseif op == 'debit' then
-  s.level = s.level - n
+  local charge = n
+  if markborn ~= 0 and markborn == s.born and spent > 0 then
+    local avail = s.spill - markspill
+    if avail < 0 then avail = 0 end
+    local forgiven = math.min(spent, avail)
+    s.spill = s.spill - forgiven
+    charge = spent - forgiven
+  end
+  s.level = s.level - charge
   if s.level < floor then s.level = floor end
+  s.owed = math.min(s.owed + charge, math.max(0 - s.level, 0))
 elseif op == 'grant' then
   local mine
   for _, g in ipairs(grants) do if g.id == holder then mine = g end end
@@ -308,6 +351,9 @@ elseif op == 'grant' then
     -- are paid.
     local base = math.min(running, cur)
     if offer > base and s.level < 0 then offer = base end
+    -- While debits' debt is out, half the rate goes to paying it.
+    local half = math.floor(alloc / 2)
+    if offer > half and s.owed > 0 then offer = half end
     local counted = math.max(offer, math.min(running, cur))
     -- The grant's burst grows to what was asked while the grants' bursts
     -- fit Burst; the tokens it takes from the level are the holder's.
@@ -346,8 +392,8 @@ local maxexp = now
 for _, g in ipairs(grants) do if g.exp > maxexp then maxexp = g.exp end end
 reset = reset + (maxexp - now)
 local ttl = math.floor(reset / 1000 + 0.5) + margin
-redis.call('SET', KEYS[1], string.format('%.0f %.0f %.0f %.0f %.0f %.0f %.0f',
-  s.level, s.carry, s.last, s.version, s.burst, s.rate, s.per), 'PX', ttl)
+redis.call('SET', KEYS[1], string.format('%.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f',
+  s.level, s.carry, s.last, s.version, s.burst, s.rate, s.per, s.born, s.spill, s.owed), 'PX', ttl)
 if #grants > 0 then
   local parts = {string.format('%.0f', gfrac)}
   for _, g in ipairs(grants) do
@@ -361,7 +407,7 @@ end
 local remaining = s.level
 if remaining < 0 then remaining = 0 end
 local holders = #grants
-return {granted, delay, remaining, retry, reset, now, s.version, stale, created, 0, holders}
+return {granted, delay, remaining, retry, reset, now, s.version, stale, created, 0, holders, s.born, s.spill}
 `)
 
 var bucketScript = redis.NewScript(bucketLua)
@@ -641,8 +687,10 @@ else
     end
     if #parts ~= tonumber(nparts) or #parts < 1 then return redis.error_reply(bad) end
   else
-    local level, carry, last, ver, sburst, srate, sper =
-      string.match(raw, '^(%-?%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+    local level, carry, last, ver, sburst, srate, sper, tail =
+      string.match(raw, '^(%-?%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)(.*)$')
+    -- A plain bucket's born and spill, if any, do not carry over.
+    if tail and tail ~= '' and not string.match(tail, '^ %d+ %d+ %d+$') then level = nil end
     if not level then return redis.error_reply(bad) end
     sver = tonumber(ver)
     parts[1] = {level = tonumber(level), carry = tonumber(carry), last = tonumber(last), burst = tonumber(sburst),

@@ -130,6 +130,16 @@ type Request struct {
 	// from: they leave the sub-window of Since plus Hold. The zero value
 	// gives nothing back to windows (their tokens lapse on their own).
 	Since time.Time
+	// Spent is, for a Debit of a plain token bucket, every token the
+	// caller admitted without the store since Mark. When Mark names the
+	// bucket (its Born), the bucket charges Spent less the refill it lost
+	// at its cap since the mark, which no other debit can then claim: an
+	// outage that every process saw left the bucket refilling unused, a
+	// partition that only some saw did not. Otherwise it charges N.
+	Spent int64
+	// Mark is, for a Debit, Result.Mark of the caller's last answer for
+	// the bucket before it admitted without the store.
+	Mark SpillMark
 	// Tier names which of a policy's tiers the key is under ("" for the
 	// policy's own limit); each tier's buckets are apart from the others'.
 	Tier string
@@ -167,6 +177,9 @@ type Result struct {
 	// for Also[i-1]. On a refusal it is the limit with the longest wait,
 	// otherwise the one with the fewest tokens left.
 	Binding int
+	// Mark is the bucket's spill mark after the call, for a later Debit
+	// (Request.Mark); zero from stores and buckets that keep none.
+	Mark SpillMark
 	// Holders is how many capacity grants the bucket keeps after the call
 	// (see Granter).
 	Holders int
@@ -235,8 +248,11 @@ func validate(op Op, r *Request) (exact.Micros, error) {
 	if err != nil {
 		return exact.Micros{}, errs.Errorf("remote", "policy %q: %w", r.Policy, err)
 	}
-	if r.N <= 0 {
-		return exact.Micros{}, errs.Errorf("remote", "%s %d on %q: %w", op, r.N, r.Key, local.ErrInvalidN)
+	// A debit that names its bucket's spill mark may charge 0 when the
+	// bucket cannot tell (N), as long as it spent some.
+	markedDebit := op == OpDebit && r.Mark.Born != 0 && r.Spent > 0 && r.N == 0
+	if (r.N <= 0 && !markedDebit) || r.Spent < 0 {
+		return exact.Micros{}, errs.Errorf("remote", "%s %d (spent %d) on %q: %w", op, r.N, r.Spent, r.Key, local.ErrInvalidN)
 	}
 	switch op {
 	case OpLease:
@@ -284,3 +300,10 @@ func (o ops) Return(ctx context.Context, r Request) (Result, error) { return o.d
 
 // Debit implements Store.
 func (o ops) Debit(ctx context.Context, r Request) (Result, error) { return o.do(ctx, OpDebit, r) }
+
+// SpillMark is a point in a plain bucket's history: the bucket's
+// incarnation (the store time it was made, in µs; 0 for none) and the
+// refill it had lost at its cap that no debit had claimed yet. A debit
+// carrying a mark is forgiven what the bucket spilled since (see
+// Request.Spent).
+type SpillMark struct{ Born, Spill int64 }
