@@ -38,8 +38,8 @@ const luaPrelude = lua.Prelude
 // ARGV[15] maxholders: most grants the bucket keeps (grant)
 // ARGV[16] gburst: local burst a new grant takes from the level (grant)
 // ARGV[17] spent: every token admitted without the store since the mark (debit)
-// ARGV[18] mark born, ARGV[19] mark spill: the caller's Result.Mark (debit;
-//          absent or born 0: charge n)
+// ARGV[18] mark born, ARGV[19] mark spill: the caller's Result.Mark
+// (debit; absent or born 0: charge n)
 // KEYS[2]  the bucket's capacity grants, prefix{policy:key}:grants
 //
 // Capacity grants (see grants.go): a grant is a share s of the bucket's
