@@ -34,8 +34,10 @@ type state struct {
 	born  micros
 	spill int64
 	// owed is the part of a negative level that debits charged (the rest
-	// is future-dated tokens): while it is out, no grant gets more than
-	// half its allocation, so the bucket refills and is paid.
+	// is future-dated tokens): while more than Burst/8 is out, no grant
+	// gets more than half its allocation, so the bucket refills and is
+	// paid (a smaller debt, such as a few decisions a slow call made by
+	// the share, is paid by what the grants leave).
 	owed int64
 }
 
@@ -334,7 +336,7 @@ func (st *state) grant(r *Request, now micros) (share, burst, tokens int64) {
 	if base := min(g.running, x.share); offer > base && st.level < 0 {
 		offer = base // no rise while future-dated tokens or debt are out
 	}
-	if half := alloc / 2; offer > half && st.owed > 0 {
+	if half := alloc / 2; offer > half && st.owed > st.burst/8 {
 		offer = half // half the rate goes to paying a debt
 	}
 	counted := max(offer, min(g.running, x.share))

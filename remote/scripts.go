@@ -76,8 +76,9 @@ const luaPrelude = lua.Prelude
 //	spill    refill lost at the cap that no debit has claimed: a debit
 //	         with a mark of this bucket is charged spent less what
 //	         spilled since the mark, and claims it
-//	owed     the part of a negative level debits charged: while it is
-//	         out, no grant is offered more than half its allocation
+//	owed     the part of a negative level debits charged: while more
+//	         than burst/8 is out, no grant is offered more than half its
+//	         allocation
 //
 // A newer request version rescales the bucket (tokens used are kept,
 // clamped to the new burst); an older one is refused for leases ("stale")
@@ -353,7 +354,7 @@ elseif op == 'grant' then
     if offer > base and s.level < 0 then offer = base end
     -- While debits' debt is out, half the rate goes to paying it.
     local half = math.floor(alloc / 2)
-    if offer > half and s.owed > 0 then offer = half end
+    if offer > half and s.owed > math.floor(s.burst / 8) then offer = half end
     local counted = math.max(offer, math.min(running, cur))
     -- The grant's burst grows to what was asked while the grants' bursts
     -- fit Burst; the tokens it takes from the level are the holder's.
