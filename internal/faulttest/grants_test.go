@@ -1,8 +1,6 @@
 package faulttest
 
 import (
-	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -88,18 +86,7 @@ func TestRegionCutWithGrants(t *testing.T) {
 				t.Errorf("link back: %v", err)
 			}
 		}},
-		{"silent", func(t *testing.T, p *toxiproxy.Proxy, on bool) {
-			var err error
-			if on {
-				_, err = p.Toxics.AddToxicJson(strings.NewReader(
-					`{"name": "silent", "type": "timeout", "stream": "downstream", "attributes": {"timeout": 0}}`))
-			} else {
-				err = p.Toxics.RemoveToxic(context.Background(), "silent")
-			}
-			if err != nil {
-				t.Errorf("link toxic: %v", err)
-			}
-		}},
+		{"silent", silentLink},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -333,18 +333,22 @@ func TestRegionsThroughParentCut(t *testing.T) {
 // had just timed out, so it never reached the region's Redis; 25–360 of
 // a 3 333 share in a 10 s cut.)
 func TestRegionsThroughSilentParent(t *testing.T) {
-	regionsThroughCut(t, "world-silent", 6*time.Second, 8*time.Second, 24*time.Second, func(t *testing.T, p *toxiproxy.Proxy, on bool) {
-		var err error
-		if on {
-			_, err = p.Toxics.AddToxicJson(strings.NewReader(
-				`{"name": "silent", "type": "timeout", "stream": "downstream", "attributes": {"timeout": 0}}`))
-		} else {
-			err = p.Toxics.RemoveToxic(context.Background(), "silent")
-		}
-		if err != nil {
-			t.Errorf("link toxic: %v", err)
-		}
-	})
+	regionsThroughCut(t, "world-silent", 6*time.Second, 8*time.Second, 24*time.Second, silentLink)
+}
+
+// silentLink makes p drop every byte and keep its connections (on), or
+// mends it: a timeout toxic, so calls over it time out rather than fail.
+func silentLink(t *testing.T, p *toxiproxy.Proxy, on bool) {
+	var err error
+	if on {
+		_, err = p.Toxics.AddToxicJson(strings.NewReader(
+			`{"name": "silent", "type": "timeout", "stream": "downstream", "attributes": {"timeout": 0}}`))
+	} else {
+		err = p.Toxics.RemoveToxic(context.Background(), "silent")
+	}
+	if err != nil {
+		t.Errorf("link toxic: %v", err)
+	}
 }
 
 // regionsThroughCut runs the parent-cut scenario for d, cutting each
