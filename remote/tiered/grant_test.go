@@ -9,7 +9,6 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/leasehold/leasehold/internal/keys"
 	"github.com/leasehold/leasehold/remote"
 )
 
@@ -62,23 +61,6 @@ func (w *tierWorld) grantRegion(t *testing.T, name string, term time.Duration) *
 		t.Fatalf("grant call: %+v", ts.Stats())
 	}
 	return ts
-}
-
-// takeAll leases one token at a time until the pool refuses, and returns
-// how many it got.
-func takeAll(t *testing.T, ts *Store) int64 {
-	t.Helper()
-	var n int64
-	for {
-		res, err := ts.Lease(context.Background(), tierReq(1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.Granted == 0 {
-			return n
-		}
-		n += res.Granted
-	}
 }
 
 // TestGrantPoolSpendsItsGrant: a region whose key has demand holds a
@@ -259,5 +241,3 @@ func TestPoolRecordOfTenFields(t *testing.T) {
 		t.Fatalf("a record of three fields: %v, want ErrCorruptState", err)
 	}
 }
-
-func poolKeyOf(r remote.Request) string { return keys.Pool(r.Prefix, r.Policy, r.Tier, r.Key) }
