@@ -188,7 +188,11 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 	case OpDebit:
 		c := st.charge(r)
 		st.level = max(st.level-c, -maxDebt)
-		st.owed = min(st.owed+c, max(-st.level, 0))
+		if r.Mark.Born != 0 && r.Mark.Born == int64(st.born) {
+			// Only a debit that names the bucket's mark owes a payback:
+			// one without is charged its unpaid part, as before.
+			st.owed = min(st.owed+c, max(-st.level, 0))
+		}
 	case opGrant:
 		if !stale {
 			granted, delay, retry = st.grant(r, now)

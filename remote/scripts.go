@@ -314,7 +314,9 @@ elseif op == 'debit' then
   end
   s.level = s.level - charge
   if s.level < floor then s.level = floor end
-  s.owed = math.min(s.owed + charge, math.max(0 - s.level, 0))
+  if markborn ~= 0 and markborn == s.born then
+    s.owed = math.min(s.owed + charge, math.max(0 - s.level, 0))
+  end
 elseif op == 'grant' then
   local mine
   for _, g in ipairs(grants) do if g.id == holder then mine = g end end
