@@ -87,15 +87,17 @@ func TestGrantPoolSpendsItsGrant(t *testing.T) {
 	}
 	// The region offers twice its grant. The first take the pool cannot
 	// serve claims a batch of what the bucket holds besides the grants
-	// (its refill is 0: the grants hold the whole rate).
+	// (its refill is 0: the grants hold the whole rate), once the young
+	// grant's renewals, a gap apart for its first eighth of the term, are
+	// done.
 	spare := w.parentLevel(t)
 	var first int64
-	for range 30 {
+	for range 40 {
 		w.clk.Advance(100 * time.Millisecond)
 		first += offer(t, ts, 10)
 	}
-	if first != spare+150 || w.parentLevel(t) != 0 {
-		t.Fatalf("first 3 s: %d admitted, want the bucket's %d and 150 of the grant; bucket level now %d", first, spare, w.parentLevel(t))
+	if first != spare+200 || w.parentLevel(t) != 0 {
+		t.Fatalf("first 4 s: %d admitted, want the bucket's %d and 200 of the grant; bucket level now %d", first, spare, w.parentLevel(t))
 	}
 	calls := w.link.calls.Load()
 	for i := range 10 {
@@ -239,5 +241,43 @@ func TestPoolRecordOfTenFields(t *testing.T) {
 	mr.Set("{p:k}:pool", "P 7 0 0")
 	if _, err := (redisRecords{c: c}).pool(context.Background(), "{p:k}:pool", poolRead{}); !errors.Is(err, remote.ErrCorruptState) {
 		t.Fatalf("a record of three fields: %v, want ErrCorruptState", err)
+	}
+}
+
+// TestGrantRenewalKeepsAccrual: renewals at the same rate go on accruing
+// the grant where the last left off, so a pool renewed more often than a
+// token accrues still gets its grant's rate; a new rate, or a grant that
+// had ended, restarts from the renewal.
+func TestGrantRenewalKeepsAccrual(t *testing.T) {
+	lim := tierLimit
+	gper := grantPer(&lim, 341) // not a whole number of µs per token
+	perToken := micros(cdiv(gper, fracUnits))
+	grant := func(now micros, gper int64) poolGrant {
+		return poolGrant{Share: 341, Gper: gper, Cap: 1000, GrantExp: now + 10_000_000, Renew: now + 1, Exp: now + 10_000_000, Version: 1}
+	}
+	for _, tc := range []struct {
+		name   string
+		renew  func(now micros, i int) poolGrant
+		tokens func(elapsed micros) int64
+	}{
+		{"same rate", func(now micros, _ int) poolGrant { return grant(now, gper) },
+			func(e micros) int64 { return int64(e) * fracUnits / gper }},
+		{"new rate each time", func(now micros, i int) poolGrant { return grant(now, gper+int64(i%2)) },
+			func(micros) int64 { return 0 }},
+		{"ended", func(now micros, _ int) poolGrant { g := grant(now, gper); g.GrantExp = now + 1; return g },
+			func(micros) int64 { return 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := micros(1_000_000)
+			st, _ := applyPool(poolState{}, grant(now, gper), now)
+			start := now
+			for i := range 200 { // a renewal every third of a token
+				now += perToken / 3
+				st, _ = applyPool(st, tc.renew(now, i), now)
+			}
+			if want := tc.tokens(now - start); st.level != want {
+				t.Fatalf("after %d µs of renewals a third of a token apart: %d tokens, want %d", now-start, st.level, want)
+			}
+		})
 	}
 }

@@ -268,9 +268,15 @@ func (o poolGrant) apply(st *poolState, now micros) poolReply {
 		rep.granted, st.level, st.bat = st.level, 0, 0
 	}
 	st.level += o.Tokens
-	// Accrual restarts from now at the new rate: what the old rate had
-	// accrued below a whole token is dropped, never counted twice.
-	st.gper, st.gat, st.gfrac, st.gexp, st.gcap = o.Gper, now, 0, o.GrantExp, o.Cap
+	// A renewal at the same rate of a grant still live goes on accruing
+	// (a fraction of a token dropped at every renewal adds up: a token a
+	// renewal when the rate is a token per take). Else accrual restarts
+	// from now at the new rate: what the old rate had accrued below a
+	// whole token is dropped, never counted twice.
+	if o.Gper != st.gper || !st.live(now) {
+		st.gat, st.gfrac = now, 0
+	}
+	st.gper, st.gexp, st.gcap = o.Gper, o.GrantExp, o.Cap
 	st.share, st.renew = o.Share, o.Renew
 	if o.Renew == 0 {
 		st.gper, st.asks = 0, 0

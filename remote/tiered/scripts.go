@@ -106,7 +106,8 @@ elseif op == 'grant' then
   -- a: share, gper, cap, tokens, grant exp, renew, exp, version, parent remaining, parent reset
   if a[8] > s.ver and s.ver ~= 0 and s.level > 0 then granted = s.level; s.level = 0; s.bat = 0 end
   s.level = s.level + a[4]
-  s.gper = a[2]; s.gat = now; s.gfrac = 0; s.gexp = a[5]; s.gcap = a[3]
+  if a[2] ~= s.gper or s.gper <= 0 or now >= s.gexp then s.gat = now; s.gfrac = 0 end
+  s.gper = a[2]; s.gexp = a[5]; s.gcap = a[3]
   s.share = a[1]; s.renew = a[6]
   if a[6] == 0 then s.gper = 0; s.asks = 0 else s.asks = s.asks + 1 end
   s.exp = a[7]; s.full = now + a[10]

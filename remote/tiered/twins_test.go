@@ -14,8 +14,9 @@ import (
 )
 
 // randomPoolOp draws a pool operation with arguments around now: times on
-// both sides of it, versions older and newer.
-func randomPoolOp(r *rand.Rand, now micros, ver *uint64) poolOp {
+// both sides of it, versions older and newer; a grant renews at the
+// pool's rate gper half the time.
+func randomPoolOp(r *rand.Rand, now micros, ver *uint64, gper int64) poolOp {
 	switch r.IntN(11) {
 	case 0, 1, 2:
 		return poolTake{N: 1 + r.Int64N(50), Need: r.Int64N(5), Window: r.IntN(3) == 0, Hold: micros(r.Int64N(200_000)),
@@ -44,6 +45,9 @@ func randomPoolOp(r *rand.Rand, now micros, ver *uint64) poolOp {
 		g := poolGrant{Share: r.Int64N(1025), Gper: r.Int64N(3) * (1 + r.Int64N(5_000_000)), Cap: r.Int64N(200),
 			Tokens: r.Int64N(50), GrantExp: now + micros(r.Int64N(3_000_000)-500_000), Renew: now + micros(r.Int64N(1_000_000)),
 			Exp: now + micros(r.Int64N(3_000_000)), Version: *ver, Rem: r.Int64N(1000), Reset: micros(r.Int64N(2_000_000))}
+		if r.IntN(2) == 0 {
+			g.Gper = gper
+		}
 		if r.IntN(6) == 0 {
 			g.Renew = 0 // grants off: back to batches
 		}
@@ -92,7 +96,7 @@ func twinSequences(t *testing.T, c redis.UniversalClient, seqs int, step func(r 
 				}
 				now = got.now
 			} else {
-				op := randomPoolOp(r, now, &ver)
+				op := randomPoolOp(r, now, &ver, pool.gper)
 				got, err := lua.pool(ctx, poolKey, op)
 				if err != nil {
 					t.Fatalf("seq %d step %d %T%+v: %v", seq, i, op, op, err)
