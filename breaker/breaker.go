@@ -351,51 +351,71 @@ func (s *Store) Heartbeat(ctx context.Context, prefix, policy, member string, ex
 	if !ok {
 		return 0, errNoFleet
 	}
-	if s.State() != gobreaker.StateClosed {
-		return 0, errs.Errorf("breaker", "%w (heartbeats do not probe): %w", ErrOpen, remote.ErrUnavailable)
+	if err := s.sideCall("heartbeats"); err != nil {
+		return 0, err
 	}
 	return f.Heartbeat(ctx, prefix, policy, member, expiry)
 }
 
-// Leave implements remote.Fleet through the breaker when the wrapped store
-// does.
+// sideCall refuses a call on a key that is not a bucket (the fleet and
+// policy records) unless the breaker is closed; the call that follows
+// is neither counted nor watched for stalls. Those keys may live on
+// another node than the buckets (Redis Cluster): a policy read that hung
+// on a node still failing over reopened the breaker of limiters whose
+// buckets were back (TestClusterFailover's reopen after the promotion),
+// and a read succeeding says nothing about writes (Redis out of memory).
+func (s *Store) sideCall(what string) error {
+	if s.State() != gobreaker.StateClosed {
+		return errs.Errorf("breaker", "%w (%s do not probe): %w", ErrOpen, what, remote.ErrUnavailable)
+	}
+	return nil
+}
+
+// Leave implements remote.Fleet when the wrapped store does. Like
+// Heartbeat, it is refused while the breaker is not closed and never
+// counts toward it.
 func (s *Store) Leave(ctx context.Context, prefix, policy, member string) error {
 	f, ok := s.next.(remote.Fleet)
 	if !ok {
 		return errNoFleet
 	}
-	return s.call(func() error { return f.Leave(ctx, prefix, policy, member) })
+	if err := s.sideCall("fleet calls"); err != nil {
+		return err
+	}
+	return f.Leave(ctx, prefix, policy, member)
 }
 
 var _ remote.Policies = (*Store)(nil)
 
 var errNoPolicies = errs.New("breaker", "store does not implement remote.Policies")
 
-// SetPolicy implements remote.Policies through the breaker when the
-// wrapped store does.
+// SetPolicy implements remote.Policies when the wrapped store does. It is
+// refused while the breaker is not closed and never counts toward it: the
+// policy record lives under its own key, which may be on another node
+// than the buckets.
 func (s *Store) SetPolicy(ctx context.Context, prefix, name string, rec remote.PolicyRecord) (cur remote.PolicyRecord, applied bool, err error) {
 	p, ok := s.next.(remote.Policies)
 	if !ok {
 		return remote.PolicyRecord{}, false, errNoPolicies
 	}
-	err = s.call(func() error { cur, applied, err = p.SetPolicy(ctx, prefix, name, rec); return err })
-	return cur, applied, err
+	if err := s.sideCall("policy writes"); err != nil {
+		return remote.PolicyRecord{}, false, err
+	}
+	return p.SetPolicy(ctx, prefix, name, rec)
 }
 
-// GetPolicy implements remote.Policies through the breaker when the
-// wrapped store does.
+// GetPolicy implements remote.Policies when the wrapped store does. It is
+// refused while the breaker is not closed and never counts toward it, nor
+// is it watched for stalls: only bucket calls judge the buckets' store.
 func (s *Store) GetPolicy(ctx context.Context, prefix, name string) (rec remote.PolicyRecord, found bool, err error) {
 	p, ok := s.next.(remote.Policies)
 	if !ok {
 		return remote.PolicyRecord{}, false, errNoPolicies
 	}
-	if s.State() != gobreaker.StateClosed {
-		// A read says nothing about whether writes work (a Redis out of
-		// memory still answers GET): only bucket calls probe the store.
-		return remote.PolicyRecord{}, false, errs.Errorf("breaker", "%w (reads do not probe): %w", ErrOpen, remote.ErrUnavailable)
+	if err := s.sideCall("reads"); err != nil {
+		return remote.PolicyRecord{}, false, err
 	}
-	err = s.call(func() error { rec, found, err = p.GetPolicy(ctx, prefix, name); return err })
-	return rec, found, err
+	return p.GetPolicy(ctx, prefix, name)
 }
 
 // WatchPolicy implements remote.Policies when the wrapped store does. The

@@ -323,3 +323,41 @@ func TestOpensOnACallThatHangs(t *testing.T) {
 		t.Fatalf("after a good probe: state %v, want closed", got)
 	}
 }
+
+// hungPolicies blocks every GetPolicy until release is closed, as a read
+// of a policy record on a Cluster node still failing over does.
+type hungPolicies struct {
+	*remote.MemoryStore
+	release chan struct{}
+}
+
+func (h *hungPolicies) GetPolicy(ctx context.Context, prefix, name string) (remote.PolicyRecord, bool, error) {
+	<-h.release
+	return h.MemoryStore.GetPolicy(ctx, prefix, name)
+}
+
+// TestSideCallsDoNotJudgeTheBuckets: a policy read outstanding far past
+// the latency threshold leaves the breaker closed (it reopened limiters
+// whose buckets were back in TestClusterFailover/kill), and bucket calls
+// still go through meanwhile.
+func TestSideCallsDoNotJudgeTheBuckets(t *testing.T) {
+	t.Parallel()
+	h := &hungPolicies{MemoryStore: remote.NewMemory(clock.Real()), release: make(chan struct{})}
+	s := NewStore(h, Settings{Latency: 20 * time.Millisecond})
+	done := make(chan error)
+	go func() { _, _, err := s.GetPolicy(context.Background(), "", "p"); done <- err }()
+	deadline := time.Now().Add(200 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if got := s.State(); got != gobreaker.StateClosed {
+			t.Fatalf("a policy read outstanding for %v: state %v, want closed", time.Since(deadline.Add(-200*time.Millisecond)), got)
+		}
+		if _, err := s.Lease(context.Background(), req); err != nil {
+			t.Fatalf("Lease beside a hung policy read: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond) // real time must pass the 20 ms threshold
+	}
+	close(h.release)
+	if err := <-done; err != nil {
+		t.Fatalf("GetPolicy: %v", err)
+	}
+}

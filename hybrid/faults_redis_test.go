@@ -90,11 +90,10 @@ func TestClusterFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts two clusters")
 	}
-	// Not parallel: the 2 s target is a timing expectation, and beside the
-	// suite's parallel load (or a CPU hog) a limiter's first calls after
-	// the promotion can be slow enough to reopen its breaker, which then
-	// waits out the 5 s recovery hold (measured 4.95–5.06 s three times;
-	// alone 1.07–1.50 s). Run alone it measures the failover itself.
+	// Not parallel: the 2 s target is a timing expectation, measured alone.
+	// A policy read that hung on a node still failing over used to reopen
+	// a limiter's breaker after the promotion, and every limiter then
+	// waited out the 5 s recovery hold (breaker.TestSideCallsDoNotJudgeTheBuckets).
 	for _, how := range []string{"kill", "failover"} {
 		t.Run(how, func(t *testing.T) {
 			c := redistest.NewCluster(t, time.Second)
@@ -141,17 +140,15 @@ func TestClusterFailover(t *testing.T) {
 			healthy := time.Since(promoted)
 			t.Logf("%s: promoted %v after the fault; every limiter healthy %v after the promotion; %d decisions, %.2f%% refused, %d errors",
 				how, promoted.Sub(cut).Round(time.Millisecond), healthy.Round(time.Millisecond), all.offered.Load(), all.refusedPct(), all.errors.Load())
-			// The target is 2 s. A known fault misses it in some runs (2 of
-			// 7 alone, more under load): a limiter's breaker reopens about
-			// 0.5 s after the promotion with no new store error, and every
-			// limiter then waits out the 5 s recovery hold (RELIABILITY.md,
-			// known limits). Those runs are logged; past the hold is a
-			// failure.
+			// The target is 2 s; beside a loaded machine (the suite's other
+			// packages) heartbeats may come late, so a miss is logged and
+			// a failure is a run that reached the 5 s recovery hold, the
+			// sign of a breaker reopened after the promotion.
 			if healthy > 2*time.Second {
 				t.Logf("target missed: limiters healthy %v after the promotion, want ≤ 2s; modes after it:\n%s", healthy, strings.Join(steps, "\n"))
 			}
-			if healthy > 6*time.Second {
-				t.Fatalf("limiters healthy %v after the promotion, past the 5 s recovery hold; modes after it:\n%s", healthy, strings.Join(steps, "\n"))
+			if healthy > 4*time.Second {
+				t.Fatalf("limiters healthy %v after the promotion, a breaker reopened into the recovery hold; modes after it:\n%s", healthy, strings.Join(steps, "\n"))
 			}
 			if all.errors.Load() != 0 {
 				t.Fatalf("%d decisions returned errors", all.errors.Load())
