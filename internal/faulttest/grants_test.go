@@ -1,12 +1,18 @@
 package faulttest
 
 import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/Shopify/toxiproxy/v2"
 	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/remote"
 	"github.com/leasehold/leasehold/remote/tiered"
+	"github.com/redis/go-redis/v9"
 )
 
 // grantTerm is the term of the regions' capacity grants in these tests:
@@ -102,22 +108,25 @@ func regionCutWithGrants(t *testing.T, cut func(t *testing.T, p *toxiproxy.Proxy
 	const cutAt, cutFor, d = 5 * time.Second, 8 * time.Second, 16 * time.Second
 	const cutRegion = 2
 	perLimiter := int(2 * lim.Rate / (regionsN * limitersPer))
-	link := func(on bool) func() { return func() { cut(t, g.proxies[cutRegion], on) } }
+	// The grant the region holds when its link goes is read from the
+	// world's Redis just before the cut. Under CPU starvation a region
+	// measures less demand and is rightly granted less than a third
+	// (-17.5% of a third in one loaded run); the equal split is
+	// TestRegionsDivideByWantsWithGrants'.
+	var share units
+	link := func(on bool) func() {
+		return func() {
+			if on {
+				share = grantShare(t, g.parent, fmt.Sprintf("region.region-%d", cutRegion))
+			}
+			cut(t, g.proxies[cutRegion], on)
+		}
+	}
 	_, all := g.run(t, "tenant", perLimiter, d, event{cutAt, link(true)}, event{cutAt + cutFor, link(false)})
 
-	// What the region held when the link went is measured from outside:
-	// at twice its demand it admits its grant's rate, and the world's
-	// bucket has nothing left over, so its admissions in the 2 s before
-	// the cut are its grant. Under CPU starvation a region measures less
-	// demand and is rightly granted less than a third (-17.5% in one
-	// loaded run); the equal split is TestRegionsDivideByWantsWithGrants'.
-	const before = 2 * time.Second
-	var world, mine, degraded, held int
+	var world, mine, degraded int
 	for r, ds := range all {
 		for _, x := range ds {
-			if r == cutRegion && x.allowed && x.at >= cutAt-before && x.at < cutAt {
-				held++
-			}
 			if !x.allowed || x.at < cutAt || x.at >= cutAt+cutFor {
 				continue
 			}
@@ -131,18 +140,18 @@ func regionCutWithGrants(t *testing.T, cut func(t *testing.T, p *toxiproxy.Proxy
 		}
 	}
 	rate := float64(lim.Rate) * cutFor.Seconds()
-	share := rate / regionsN
-	grant := float64(held) / before.Seconds() * cutFor.Seconds()
-	t.Logf("during the %v cut: world %d admitted, %+.1f%% of its rate (%.0f); the cut-off region %d (%d degraded), %+.1f%% of its grant (%.0f at its rate before the cut), %+.1f%% of a third",
-		cutFor, world, 100*(float64(world)/rate-1), rate, mine, degraded, 100*(float64(mine)/grant-1), grant, 100*(float64(mine)/share-1))
+	third := rate / regionsN
+	grant := float64(share) * rate / remote.GrantUnits
+	t.Logf("during the %v cut: world %d admitted, %+.1f%% of its rate (%.0f); the cut-off region %d (%d degraded), %+.1f%% of its grant (%d/%d of the rate: %.0f), %+.1f%% of a third",
+		cutFor, world, 100*(float64(world)/rate-1), rate, mine, degraded, 100*(float64(mine)/grant-1), share, remote.GrantUnits, grant, 100*(float64(mine)/third-1))
 	if float64(world) > 1.01*rate {
 		t.Errorf("the world admitted %d during the cut, over its rate %.0f by more than 1%%", world, rate)
 	}
 	if float64(mine) < 0.9*grant || float64(mine) > 1.1*grant {
 		t.Errorf("the cut-off region admitted %d, want its grant %.0f ± 10%%", mine, grant)
 	}
-	if float64(mine) < share/2 {
-		t.Errorf("the cut-off region admitted %d, under half a third (%.0f): starved", mine, share)
+	if float64(mine) < third/2 {
+		t.Errorf("the cut-off region admitted %d, under half a third (%.0f): starved", mine, third)
 	}
 	if degraded > 0 {
 		t.Errorf("the cut-off region decided %d by its degraded share within the term", degraded)
@@ -151,4 +160,35 @@ func regionCutWithGrants(t *testing.T, cut func(t *testing.T, p *toxiproxy.Proxy
 	if over := worstOver(at, lim); over > 0 {
 		t.Errorf("admitted %+.0f over Burst + Rate·t", over)
 	}
+}
+
+// units is a grant's share of a bucket's rate, in remote.GrantUnits.
+type units int64
+
+// grantShare reads holder's share from the grants records in the world's
+// Redis (remote/scripts.go: "frac|holder share burst expiry want|...").
+func grantShare(t *testing.T, c *redis.Client, holder string) units {
+	ctx := context.Background()
+	names, err := c.Keys(ctx, "*:grants").Result()
+	if err != nil || len(names) != 1 {
+		t.Errorf("grants records in the world's Redis: %q, %v; want one", names, err)
+		return 0
+	}
+	rec, err := c.Get(ctx, names[0]).Result()
+	if err != nil {
+		t.Errorf("grants record: %v", err)
+		return 0
+	}
+	for _, part := range strings.Split(rec, "|")[1:] {
+		f := strings.Fields(part)
+		if len(f) == 5 && f[0] == holder {
+			n, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				t.Errorf("grants record %q: %v", rec, err)
+			}
+			return units(n)
+		}
+	}
+	t.Errorf("grants record %q holds no grant of %s", rec, holder)
+	return 0
 }

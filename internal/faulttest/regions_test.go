@@ -23,6 +23,7 @@ import (
 // limiters, leasing from one parent Redis through a toxiproxy link per
 // region that adds latency each way.
 type globe struct {
+	parent    *redis.Client // the world's Redis, read by the tests directly
 	proxies   []*toxiproxy.Proxy
 	members   []*member
 	regionals []*redis.Client // one client per region's Redis, for its counters
@@ -51,7 +52,7 @@ const (
 func newGlobe(t *testing.T, policy hybrid.Policy, oneWay time.Duration, opts ...tiered.Option) *globe {
 	t.Helper()
 	parent := redistest.NewServer(t)
-	g := &globe{}
+	g := &globe{parent: parent.Client(t)}
 	logger := slog.New(slog.DiscardHandler)
 	links := startProxies(t, parent.Addr, "parent-0", "parent-1", "parent-2")[:regionsN]
 	for r, proxy := range links {
