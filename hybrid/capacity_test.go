@@ -2,12 +2,14 @@ package hybrid
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/local"
+	"github.com/leasehold/leasehold/remote"
 	"github.com/stretchr/testify/require"
 )
 
@@ -65,5 +67,37 @@ func TestGrantRetryAfterIsForN(t *testing.T) {
 		clk.Advance(time.Microsecond)
 		again, _ := l.AllowN(ctx, "hot", n)
 		require.True(t, again.Allowed, "n=%d refused after exactly RetryAfter: %+v", n, again)
+	}
+}
+
+// TestFirstGrantAskCountsTheFleet: processes started together each
+// counted, in New, only the peers announced before it. A newborn
+// limiter's first grant ask counts the fleet again, so it wants an even
+// part of the four (256 of 1 024 units), not the whole rate that kept the
+// others waiting for its re-ask (4 OS processes at the limit: 3.5–4.8
+// bucket calls per 1 000 admitted, 2.6–3.1 with the recount).
+func TestFirstGrantAskCountsTheFleet(t *testing.T) {
+	w := newFakeWorld()
+	p := Policy{Name: "first-ask", Limit: PerSecond(1000)}
+	l := w.limiter(t, p, WithCapacityLeases(15*time.Second))
+	ctx := context.Background()
+	require.True(t, l.Allow(ctx, "hot"))
+	w.clk.Advance(time.Nanosecond) // New's first heartbeat is due at once
+	eventually(t, "the first heartbeat", func() bool { return l.outage.countedAt.Load() != 0 })
+	for i := range 3 { // peers that started just after l
+		_, err := w.store.Heartbeat(ctx, l.cfg.prefix, p.Name, fmt.Sprintf("peer-%d", i), l.cfg.hbExpiry)
+		require.NoError(t, err)
+	}
+	if got := l.grants.fleetSize(); got != 1 {
+		t.Fatalf("fleet counted: %d, want 1 (the peers came after)", got)
+	}
+	w.clk.Advance(2 * recountWithin)
+	e := l.keys.load("hot")
+	e.extra().grant.hotFrom.Store(1)
+	l.grants.ask(e)
+	h := e.held()
+	require.NotNil(t, h, "no grant after the first ask")
+	if want := int64(remote.GrantUnits / 4); h.share != want {
+		t.Fatalf("first grant share %d units, want an even part of the 4 counted, %d", h.share, want)
 	}
 }

@@ -24,6 +24,8 @@ type outage struct {
 	fleet remote.Fleet // through the breaker; nil when the store cannot count
 	id    string       // this limiter's member name in the fleet set
 	count atomic.Int64 // live fleet size from heartbeats; 0 = unknown
+	// countedAt is 1 + when a heartbeat last answered; 0 = never.
+	countedAt atomicMono
 	// before is the fleet size heartbeats counted when the last outage
 	// began; holdUntil (1 + its end, 0 = no hold) ends the recovery hold.
 	before    atomic.Int64
@@ -272,10 +274,20 @@ func (o *outage) heartbeat(ctx context.Context, policy string) bool {
 		return false
 	}
 	o.count.Store(int64(n))
+	o.countedAt.Store(o.cfg.now() + 1)
 	if int64(n) >= o.before.Load() {
 		o.holdUntil.Store(0) // everyone counted before the outage is back
 	}
 	return true
+}
+
+// recount heartbeats unless one answered within d of now. Processes
+// started together each counted only those that had announced
+// themselves before it.
+func (o *outage) recount(ctx context.Context, policy string, now mono, d time.Duration) {
+	if at := o.countedAt.Load(); o.fleet != nil && (at == 0 || now.sub(at-1) > d) {
+		o.heartbeat(ctx, policy)
+	}
 }
 
 // leave removes this limiter from the fleet set at once (Close), rather
