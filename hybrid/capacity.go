@@ -72,13 +72,10 @@ type capacity struct {
 	bg     *background
 	stats  *counters
 	holder string // this limiter's name at the store
-	// fleet is the fleet's size (heartbeats, or WithFleetSize): a first
-	// ask wants at most an even part, so that the first holder does not
-	// take the rate before the others' wants are known.
-	fleet func() int
-	// recount refreshes the fleet's count from heartbeats unless it is
-	// younger than d; nil without heartbeats.
-	recount func(now mono, d time.Duration)
+	// fleet counts the fleet (heartbeats, or WithFleetSize): a first ask
+	// wants at most an even part, so that the first holder does not take
+	// the rate before the others' wants are known.
+	fleet *outage
 	// off is set once the store or the policy's limit takes no grants:
 	// the version it was found for, so a policy change tries again.
 	off atomic.Uint64
@@ -301,8 +298,8 @@ func (c *capacity) ask(e *entry) {
 	// started together each counted only those announced before it, and
 	// a first want above an even part keeps the others waiting, with a
 	// young re-ask each, until holders renew.
-	if cur == nil && g.answers.Load() == 0 && c.newborn() && c.recount != nil {
-		c.recount(c.cfg.now(), recountWithin)
+	if cur == nil && g.answers.Load() == 0 && c.newborn() && c.fleet != nil {
+		c.fleet.recount(c.bg.ctx, p.Name, c.cfg.now(), recountWithin)
 	}
 	req := c.request(e, p, cur)
 	sent := c.cfg.now()
@@ -496,7 +493,7 @@ func (c *capacity) fleetSize() int {
 	if c.fleet == nil {
 		return 1
 	}
-	return max(c.fleet(), 1)
+	return c.fleet.size()
 }
 
 // grantAdmits is how many decisions e's grants admitted.

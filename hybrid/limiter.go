@@ -77,12 +77,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 		settler: reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.bg.after, Jitter: rng.duration}}
 	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, settle: &l.settle, outage: l.outage}
 	l.leaser.pace = pacer{cfg: &l.cfg, bg: l.bg, stats: &l.stats, into: &l.leaser}
-	l.grants = capacity{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, holder: l.outage.id, fleet: l.outage.size}
-	if l.outage.fleet != nil {
-		l.grants.recount = func(now mono, d time.Duration) {
-			l.outage.recount(l.bg.ctx, l.policy.load().Name, now, d)
-		}
-	}
+	l.grants = capacity{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, holder: l.outage.id, fleet: l.outage}
 	l.leaser.grants = &l.grants
 	l.start()
 	return l, nil
