@@ -49,6 +49,12 @@ func (h *holding) take(now mono, n int64) (res local.Result, decided bool) {
 	return res, true
 }
 
+// serves reports whether the grant decides n at now: it has not ended and
+// n fits its burst.
+func (h *holding) serves(now mono, n int64) bool {
+	return now < h.until && n <= h.bucket.Limit().Burst
+}
+
 // Defaults of capacity leases.
 const (
 	// grantDemandFor is how long a key's demand must stay above the
@@ -323,11 +329,46 @@ func (c *capacity) ask(e *entry) {
 		}
 		return
 	case gr.Stale:
-		return // the policy moved on: adopted releases the grant
+		// The policy moved on: adopted drops the grant and asks again.
+		if c.policy.learn(gr.Version) {
+			c.bg.after(0, func() { c.policy.refreshShared(c.bg.ctx) })
+		}
+		return
 	}
 	e.mark(gr.Result.Mark, 0, 1) // a key that asks for a grant is contended
-	c.install(e, p, cur, gr, sent)
+	if !c.install(e, p, cur, gr, sent) {
+		// The policy changed while the call was out: ask under the new
+		// one once this call has ended.
+		c.askAsync(e, confirmAfter)
+		return
+	}
 	c.next(e, req, gr)
+}
+
+// adopted follows a policy change on e: a grant under another version is
+// spent no more, at once (its share is of the old rate and burst: a
+// lowered limit would be exceeded, a raised one unused, until the
+// renewal), and a key that held or asked for one asks again under next,
+// whose first call ends the old version's grants at the store. The old
+// grant's unspent tokens are dropped, not carried: they were counted
+// under the old limit.
+func (c *capacity) adopted(e *entry, next *policyState) {
+	r := e.rare.Load()
+	if r == nil {
+		return
+	}
+	g := &r.grant
+	if h := g.held.Load(); h != nil && h.version != next.Version {
+		g.replace(nil)
+	}
+	if g.hotFrom.Load() == 0 {
+		return
+	}
+	g.answers.Store(0)
+	g.nextAt.Store(0)
+	if c.enabled(next) {
+		c.askAsync(e, 0) // a call in flight re-asks itself (see ask)
+	}
 }
 
 // newborn reports whether the limiter is younger than a heartbeat
@@ -406,8 +447,9 @@ const confirmAfter = 5 * time.Millisecond
 
 // install makes g, sent at sent, e's grant: the tokens the old grant held
 // (drained, so no decision spends them twice) and the new grant's first
-// tokens go into a GCRA at the new rate.
-func (c *capacity) install(e *entry, p *policyState, cur *holding, g remote.Grant, sent mono) {
+// tokens go into a GCRA at the new rate. It reports false when the policy
+// is no longer p (the grant is dropped).
+func (c *capacity) install(e *entry, p *policyState, cur *holding, g remote.Grant, sent mono) bool {
 	lim := p.tier(e).limits[0]
 	now := c.cfg.now()
 	var carried int64
@@ -416,19 +458,30 @@ func (c *capacity) install(e *entry, p *policyState, cur *holding, g remote.Gran
 	}
 	if g.Share <= 0 || g.Burst <= 0 {
 		e.extra().grant.replace(nil) // kept as a holder with nothing yet: lease meanwhile
-		return
+		return true
 	}
 	b, err := local.NewBucket(local.Limit{Rate: lim.Rate * g.Share, Period: lim.Period * remote.GrantUnits, Burst: g.Burst})
 	if err != nil {
 		c.off.Store(p.Version)
-		return
+		return true
 	}
 	b.SetTokens(int64(now), carried+g.Tokens)
 	// The store's expiry is its TIME at the call plus the term, and its
 	// TIME was read after the request left: stop a margin before the term
 	// counted from the send (clock rates drift by parts per million).
 	until := sent.add(g.Term - g.Term/100 - time.Millisecond)
-	e.extra().grant.replace(&holding{bucket: b, share: g.Share, until: until, version: p.Version})
+	gs := &e.extra().grant
+	h := &holding{bucket: b, share: g.Share, until: until, version: p.Version}
+	gs.replace(h)
+	// Installed first, then the policy read: a change that adopted
+	// applied before this grant was in place is seen here.
+	if c.policy.load().Version != p.Version {
+		if gs.held.CompareAndSwap(h, nil) {
+			gs.admits.Add(h.admits.Load())
+		}
+		return false
+	}
+	return true
 }
 
 // replace installs h (nil: none) as the key's grant and returns the one

@@ -98,14 +98,17 @@ func (l *Limiter) grantDecided(e *entry, n int64, allowed bool, now mono) {
 }
 
 // leased takes n tokens from the lease of key's entry, if the key is
-// tracked under the tier it is in now. Every decision spends leased tokens
-// through leaser.spend, here (Allow, AllowN, ReserveN) or on the entry it
-// holds (allowSlow). It reads no clock and allocates nothing.
+// tracked under the tier it is in now; e is that entry, nil when the key
+// is not tracked under its tier (its grant is not its to spend either).
+// Every decision spends leased tokens through leaser.spend, here (Allow,
+// AllowN, ReserveN) or on the entry it holds (allowSlow). It reads no
+// clock and allocates nothing.
 func (l *Limiter) leased(key string, n int64) (e *entry, ok bool, left int64) {
 	if e = l.keys.entries.load(key); e != nil && (l.cfg.tierOf == nil || l.inTier(e, key)) {
 		ok, left = l.leaser.spend(e, n)
+		return e, ok, left
 	}
-	return e, ok, left
+	return nil, false, 0
 }
 
 // inTier reports whether e is under the tier WithTier names for key now.

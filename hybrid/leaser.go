@@ -148,8 +148,15 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	ls.policy.syncOnce(ls.bg.ctx)
 	p := ls.policy.load()
 	start := ls.cfg.now()
-	// A flight that just ended may already have served this caller.
+	// A flight that just ended may already have served this caller, or
+	// the key's grant came while this flight waited to run: a holder
+	// leases nothing, its grant decides (a background refill of tokens
+	// leased before the grant would find the bucket emptied by the
+	// grants: measured, one empty-handed call per holder).
 	if need > 0 && e.lease.Tokens() >= need {
+		return fetchOutcome{deposited: true, at: start}, nil
+	}
+	if h := e.held(); h != nil && h.serves(start, max(need, 1)) {
 		return fetchOutcome{deposited: true, at: start}, nil
 	}
 	var until mono

@@ -166,7 +166,8 @@ func (l *Limiter) SetPolicy(ctx context.Context, p Policy) error {
 
 // adopted follows a policy change: leases are cut to the new maximum
 // lease (the excess goes back to the store now, not at the next sweep),
-// cached "empty until" answers are dropped (the bucket is rescaled), and
+// cached "empty until" answers are dropped (the bucket is rescaled),
+// grants under the old limit are spent no more and asked for again, and
 // degraded-mode shares follow the new limit on their next use.
 func (l *Limiter) adopted(prev, next *policyState) {
 	l.stats.policyChanges.Add(1)
@@ -180,6 +181,7 @@ func (l *Limiter) adopted(prev, next *policyState) {
 			return
 		}
 		e.answer.forget()
+		l.grants.adopted(e, next)
 		l.settle.later(l.leaser.cut(next, e, next.tier(e).maxLease)...)
 	})
 	l.bg.after(0, l.settle.flush)

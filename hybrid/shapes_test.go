@@ -214,6 +214,10 @@ func TestTierChangeUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("6 s of load")
 	}
+	leasesAndGrants(t, testTierChange)
+}
+
+func testTierChange(t *testing.T, opts ...Option) {
 	p := runPolicy("tiers", PerSecond(10))
 	p.Tiers = map[string]Tier{"paid": {Limit: PerSecond(400)}, "free": {Limit: PerSecond(20)}}
 	var tierName atomic.Value
@@ -225,7 +229,7 @@ func TestTierChangeUnderLoad(t *testing.T) {
 		return ""
 	}
 	const ttl = 500 * time.Millisecond
-	lims := newFleet(t, 4, p, standaloneDial, WithTier(tierOf), WithLeaseTTL(ttl))
+	lims := newFleet(t, 4, p, standaloneDial, append([]Option{WithTier(tierOf), WithLeaseTTL(ttl)}, opts...)...)
 	var rec record
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
