@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -122,15 +123,25 @@ func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 
 // TestGrantDivision: the store divides its rate by proportional share of
 // the wants, never hands out more than the rate, gives a newcomer free
-// capacity at once and its fair share once the others have renewed twice.
+// capacity at once and its fair share once the others have renewed twice:
+// in the Go twin and in the script on a real server.
 func TestGrantDivision(t *testing.T) {
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
-	s := NewMemory(clk)
+	t.Run("memory", func(t *testing.T) { testGrantDivision(t, NewMemory(clk), clk.Advance) })
+	// The script itself, on a real server: renewals are calls, the 10 s
+	// terms outlast the test, so its clock needs no advancing.
+	t.Run("redis", func(t *testing.T) {
+		testGrantDivision(t, NewRedis(redistest.Standalone(t).Client(t)), func(time.Duration) {})
+	})
+}
+
+func testGrantDivision(t *testing.T, s Granter, advance func(time.Duration)) {
 	ctx := context.Background()
 	lim := local.Limit{Rate: 1000, Period: time.Second, Burst: 100}
+	policy := "div-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	ask := func(key, holder string, want, running int64) Grant {
 		t.Helper()
-		g, err := s.Grant(ctx, GrantRequest{Request: Request{Policy: "div", Key: key, Limit: lim, Version: 1},
+		g, err := s.Grant(ctx, GrantRequest{Request: Request{Policy: policy, Key: key, Limit: lim, Version: 1},
 			Holder: holder, Want: want, Running: running, Burst: 5, Term: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -143,7 +154,7 @@ func TestGrantDivision(t *testing.T) {
 			for _, h := range []string{"a", "b", "c", "d"} {
 				got[h] = ask("equal", h, GrantUnits, got[h]).Share
 			}
-			clk.Advance(time.Second)
+			advance(time.Second)
 			_ = round
 		}
 		var sum int64
@@ -164,7 +175,7 @@ func TestGrantDivision(t *testing.T) {
 			for _, h := range []string{"small", "x", "y"} {
 				got[h] = ask("uneven", h, wants[h], got[h]).Share
 			}
-			clk.Advance(time.Second)
+			advance(time.Second)
 		}
 		if got["small"] != 64 || got["x"] != got["y"] || got["x"]+got["y"]+64 != GrantUnits {
 			t.Errorf("shares %v, want small 64 and x = y = %d", got, (GrantUnits-64)/2)
@@ -189,7 +200,7 @@ func TestGrantDivision(t *testing.T) {
 			for _, h := range []string{"a", "b", "new"} {
 				got[h] = ask("newcomer", h, GrantUnits, got[h]).Share
 			}
-			clk.Advance(3 * time.Second)
+			advance(3 * time.Second)
 		}
 		for h, sh := range got {
 			if sh < GrantUnits/3*95/100 || sh > GrantUnits/3*105/100 {
