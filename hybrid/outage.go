@@ -100,6 +100,21 @@ func (x *degradedKey) owe(e *entry, n int64) {
 	}
 }
 
+// adjust corrects the debt of e by a settled charge's actual cost less
+// its estimate: more owed, or less, never below nothing.
+func (x *degradedKey) adjust(e *entry, delta int64) {
+	if delta > 0 {
+		x.owe(e, delta)
+		return
+	}
+	for {
+		cur := x.debt.Load()
+		if cur <= 0 || x.debt.CompareAndSwap(cur, max(cur+delta, 0)) {
+			return
+		}
+	}
+}
+
 func newOutage(cfg *config, stats *counters, store *breaker.Store, id string) *outage {
 	o := &outage{cfg: cfg, stats: stats, id: id}
 	if _, ok := store.Unwrap().(remote.Fleet); ok && cfg.fleetSize == 0 {

@@ -40,6 +40,8 @@ func fleetStats(lims []*Limiter) (s Stats) {
 		s.Rejected += x.Rejected
 		s.StoreCalls += x.StoreCalls
 		s.StoreErrors += x.StoreErrors
+		s.TokensDebited += x.TokensDebited
+		s.TokensReturned += x.TokensReturned
 		for i := range s.bySource {
 			s.bySource[i].Admitted += x.bySource[i].Admitted
 			s.bySource[i].Rejected += x.bySource[i].Rejected

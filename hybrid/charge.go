@@ -1,0 +1,165 @@
+package hybrid
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/leasehold/leasehold/internal/errs"
+	"github.com/leasehold/leasehold/reconcile"
+	"github.com/leasehold/leasehold/remote"
+)
+
+// Costs known only afterwards (an LLM call's tokens, a GraphQL query's
+// cost): ChargeN decides an estimate when the work starts, Settle charges
+// the actual cost when it ends. The part of the estimate not used goes
+// back; the part above it is charged, as debt if the bucket is short,
+// which later refills pay (the bucket gives half its rate to a debt while
+// it is out). So at every instant the fleet's settled costs plus the
+// estimates of the work still running are at most Burst + Rate·t plus the
+// debt still out, and the debt is at most the extra of work that was
+// running when the bucket last had tokens to admit with.
+//
+// Where each part goes, by the source of the decision:
+//   - lease, remote or grant: a refund goes into the key's lease (no store
+//     call; unspent, it goes back to the bucket with the lease), or back to
+//     the bucket when the key is not tracked; an extra is taken from the
+//     lease, then from the key's grant, and the rest is debited to the
+//     bucket (queued and sent at once, in the background).
+//   - degraded or fail-open: the outage debt the recovery charges grows by
+//     the extra, or falls by the refund.
+//   - sliding windows and several limits: extras are debited to every
+//     limit; a refund is not given back (the tokens count in the window
+//     they were taken in until it passes, at most one period).
+
+// ErrSettled reports a Charge settled a second time.
+var ErrSettled = errs.New("hybrid", "charge already settled")
+
+// Charge is an estimated cost taken on a key before the work it pays for,
+// to be settled with the actual cost once the work ends. Its Decision says
+// whether the estimate was admitted. A Charge is safe for concurrent use;
+// it is settled once.
+type Charge struct {
+	// Decision is the decision on the estimate.
+	Decision
+	l        *Limiter
+	key      string
+	tier     uint16
+	estimate int64
+	settled  atomic.Bool
+}
+
+// ChargeN decides estimate units of cost on key as AllowN does, and
+// returns the charge to settle with the actual cost when the work is done
+// (see Charge.Settle). A refused estimate needs no settling. Errors are
+// AllowN's.
+func (l *Limiter) ChargeN(ctx context.Context, key string, estimate int64) (*Charge, error) {
+	d, err := l.AllowN(ctx, key, estimate)
+	if err != nil {
+		return nil, err
+	}
+	p := l.policy.load()
+	return &Charge{Decision: d, l: l, key: key, tier: l.tierIndex(p, key), estimate: estimate}, nil
+}
+
+// Settle charges the work's actual cost in place of the estimate: what the
+// estimate did not use goes back, what it lacked is charged, as debt if
+// the bucket is short (later refills pay it, so others are refused until
+// they have). It never blocks on the store. It returns ErrInvalidN for a
+// negative actual, ErrSettled the second time, and ErrClosed once the
+// limiter is closed (nothing is charged then); settling a refused estimate
+// does nothing.
+func (c *Charge) Settle(actual int64) error {
+	if actual < 0 {
+		return errs.Errorf("hybrid", "settle %d on %.64q: %w", actual, c.key, ErrInvalidN)
+	}
+	if !c.settled.CompareAndSwap(false, true) {
+		return errs.Errorf("hybrid", "settle %.64q: %w", c.key, ErrSettled)
+	}
+	if !c.Allowed || actual == c.estimate {
+		return nil
+	}
+	l := c.l
+	if l.keys.closed.Load() {
+		return ErrClosed
+	}
+	p := l.policy.load()
+	e := l.keys.entries.load(c.key)
+	if e != nil && e.tier != c.tier {
+		e = nil
+	}
+	if c.Source == SourceDegraded || c.Source == SourceFailOpen {
+		if e != nil {
+			e.extra().down.adjust(e, actual-c.estimate)
+		}
+		return nil
+	}
+	if actual < c.estimate {
+		l.refund(p, e, c.key, c.tier, c.estimate-actual)
+	} else {
+		l.chargeExtra(p, e, c.key, c.tier, actual-c.estimate)
+	}
+	return nil
+}
+
+// refund gives back n tokens of a settled charge on key: into e's lease
+// when the key is tracked (spent or given back with it), else to the
+// bucket. Sliding windows and several limits get nothing back.
+func (l *Limiter) refund(p *policyState, e *entry, key string, tier uint16, n int64) {
+	if p.shaped {
+		return
+	}
+	if e != nil && e.lease.Add(n, int64(l.cfg.now().add(l.cfg.leaseTTL))) {
+		l.stats.tokensLeased.Add(n)
+		return
+	}
+	req := p.requestFor(l.cfg.prefix, key, tier)
+	req.N = n
+	l.settle.soon(reconcile.Item{Op: remote.OpReturn, Req: req})
+}
+
+// chargeExtra charges n tokens a settled charge lacked: from e's lease,
+// then its grant, the rest as a debit to the bucket.
+func (l *Limiter) chargeExtra(p *policyState, e *entry, key string, tier uint16, n int64) {
+	if e != nil {
+		n -= takeUpTo(e, n)
+		if h := e.held(); h != nil && n > 0 {
+			n -= h.takeUpTo(l.cfg.now(), n)
+		}
+	}
+	if n <= 0 {
+		return
+	}
+	req := p.requestFor(l.cfg.prefix, key, tier)
+	req.N = n
+	l.settle.soon(reconcile.Item{Op: remote.OpDebit, Req: req})
+}
+
+// takeUpTo takes at most n tokens from e's lease and returns how many.
+func takeUpTo(e *entry, n int64) int64 {
+	for {
+		k := min(n, e.lease.Tokens())
+		if k <= 0 {
+			return 0
+		}
+		if ok, _ := e.lease.Take(k); ok {
+			return k
+		}
+	}
+}
+
+// takeUpTo takes at most n tokens the grant holds at now and returns how
+// many.
+func (h *holding) takeUpTo(now mono, n int64) int64 {
+	if now >= h.until {
+		return 0
+	}
+	for {
+		k := min(n, h.bucket.Tokens(int64(now)))
+		if k <= 0 {
+			return 0
+		}
+		if res, err := h.bucket.TakeAt(int64(now), k); err == nil && res.Allowed {
+			return k
+		}
+	}
+}

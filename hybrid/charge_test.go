@@ -1,0 +1,136 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestChargeSettle: what a settled charge does with the difference between
+// its estimate and the actual cost, on a bucket of 100 at 10/s that no
+// clock advance refills: a refund goes into the key's lease with no store
+// call, an extra comes from the lease first, and the rest is debited, so
+// that the bucket's next token waits for the debt to be paid.
+func TestChargeSettle(t *testing.T) {
+	t.Parallel()
+	lim := Limit{Rate: 10, Period: time.Second, Burst: 100}
+	for _, tc := range []struct {
+		name             string
+		estimate, actual int64
+		leaseDelta       int64 // change of the key's lease at Settle
+		storeCalls       int64 // made by Settle
+		debited          int64
+		nextTokenAtLeast time.Duration
+		nextTokenAtMost  time.Duration
+		prime            int64 // a charge refunded whole first: tokens in the lease
+	}{
+		{name: "refund into the lease", estimate: 50, actual: 20, leaseDelta: 30},
+		{name: "exact", estimate: 50, actual: 50},
+		{name: "refund of everything", estimate: 50, actual: 0, leaseDelta: 50},
+		{name: "extra from the lease", prime: 10, estimate: 2, actual: 5, leaseDelta: -3},
+		{name: "extra as debt", estimate: 100, actual: 150, storeCalls: 1, debited: 50,
+			nextTokenAtLeast: 5 * time.Second},
+		{name: "no extra, no debt", estimate: 100, actual: 100, nextTokenAtMost: 200 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := newFakeWorld()
+			l := w.limiter(t, Policy{Name: "settle", Limit: lim})
+			ctx := context.Background()
+			if tc.prime > 0 {
+				ch, err := l.ChargeN(ctx, "k", tc.prime)
+				require.NoError(t, err)
+				require.NoError(t, ch.Settle(0))
+			}
+			ch, err := l.ChargeN(ctx, "k", tc.estimate)
+			require.NoError(t, err)
+			require.True(t, ch.Allowed, "%+v", ch.Decision)
+			quiesce(t, l)
+			e := l.keys.load("k")
+			lease, calls := e.lease.Tokens(), l.Stats().StoreCalls
+			require.NoError(t, ch.Settle(tc.actual))
+			if tc.debited > 0 {
+				eventually(t, "the debit", func() bool { return l.Stats().TokensDebited >= tc.debited })
+			}
+			require.Equal(t, tc.leaseDelta, e.lease.Tokens()-lease, "lease tokens after Settle")
+			require.Equal(t, tc.storeCalls, l.Stats().StoreCalls-calls, "store calls made by Settle")
+			require.Equal(t, tc.debited, l.Stats().TokensDebited)
+			if tc.nextTokenAtLeast > 0 || tc.nextTokenAtMost > 0 {
+				e.lease.Drain()
+				req := l.policy.load().requestFor(l.cfg.prefix, "k", 0)
+				req.N, req.Min, req.Need = 1, 1, 1
+				res, err := w.store.Lease(ctx, req)
+				require.NoError(t, err)
+				require.Zero(t, res.Granted, "the bucket had a token: %+v", res)
+				if tc.nextTokenAtLeast > 0 {
+					require.GreaterOrEqual(t, res.RetryAfter, tc.nextTokenAtLeast, "next token after the debt")
+				}
+				if tc.nextTokenAtMost > 0 {
+					require.LessOrEqual(t, res.RetryAfter, tc.nextTokenAtMost, "next token without debt")
+				}
+			}
+		})
+	}
+}
+
+// TestChargeSettleBadUse: a negative actual and a second Settle are
+// refused with their sentinels, a refused estimate settles to nothing, and
+// a closed limiter charges nothing.
+func TestChargeSettleBadUse(t *testing.T) {
+	t.Parallel()
+	w := newFakeWorld()
+	l := w.limiter(t, Policy{Name: "settle-bad", Limit: Limit{Rate: 10, Period: time.Second, Burst: 10}})
+	ctx := context.Background()
+	ch, err := l.ChargeN(ctx, "k", 10)
+	require.NoError(t, err)
+	require.ErrorIs(t, ch.Settle(-1), ErrInvalidN)
+	require.NoError(t, ch.Settle(3))
+	require.ErrorIs(t, ch.Settle(3), ErrSettled)
+
+	refused, err := l.ChargeN(ctx, "k", 10)
+	require.NoError(t, err)
+	require.False(t, refused.Allowed, "%+v", refused.Decision)
+	held := l.keys.load("k").lease.Tokens()
+	require.NoError(t, refused.Settle(0))
+	require.Equal(t, held, l.keys.load("k").lease.Tokens(), "a refused charge gave tokens back")
+
+	_, err = l.ChargeN(ctx, "k", 0)
+	require.ErrorIs(t, err, ErrInvalidN)
+	_, err = l.ChargeN(ctx, "k", 11)
+	require.ErrorIs(t, err, ErrExceedsBurst)
+
+	late, err := l.ChargeN(ctx, "other", 5)
+	require.NoError(t, err)
+	require.NoError(t, l.Close(ctx))
+	require.True(t, errors.Is(late.Settle(9), ErrClosed))
+}
+
+// TestChargeSettleDuringOutage: a charge the degraded share admitted
+// settles into the outage debt, which the recovery charges.
+func TestChargeSettleDuringOutage(t *testing.T) {
+	t.Parallel()
+	w := newFakeWorld()
+	st := &flaky{Store: w.store}
+	l, err := New(st, Policy{Name: "settle-outage", Limit: Limit{Rate: 100, Period: time.Second, Burst: 100}},
+		WithClock(w.clk), WithFleetSize(2), quiet)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	st.down.Store(true)
+	for l.Mode() != ModeDegraded {
+		l.Allow(ctx, "trip")
+	}
+	ch, err := l.ChargeN(ctx, "k", 10)
+	require.NoError(t, err)
+	require.True(t, ch.Allowed && ch.Source == SourceDegraded, "%+v", ch.Decision)
+	debt := l.Stats().OutageDebt
+	require.NoError(t, ch.Settle(25))
+	require.Equal(t, debt+15, l.Stats().OutageDebt, "outage debt after an extra of 15")
+	ch, err = l.ChargeN(ctx, "k", 10)
+	require.NoError(t, err)
+	require.NoError(t, ch.Settle(4))
+	require.Equal(t, debt+15+4, l.Stats().OutageDebt, "outage debt after a refund of 6")
+}
