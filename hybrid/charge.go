@@ -101,6 +101,26 @@ func (c *Charge) Settle(actual int64) error {
 	return nil
 }
 
+// chargeKey is the context key of a request's Charge.
+type chargeKey struct{}
+
+// ContextWithCharge returns a copy of ctx that carries ch, for the handler
+// of the work it pays for: middleware that charges an estimate (httplimit,
+// grpclimit) puts it there, and the handler settles it with the actual cost
+// once known (ChargeFromContext).
+func ContextWithCharge(ctx context.Context, ch *Charge) context.Context {
+	return context.WithValue(ctx, chargeKey{}, ch)
+}
+
+// ChargeFromContext returns the Charge ctx carries, or nil.
+func ChargeFromContext(ctx context.Context) *Charge {
+	ch, _ := ctx.Value(chargeKey{}).(*Charge)
+	return ch
+}
+
+// Settled reports whether Settle has been called.
+func (c *Charge) Settled() bool { return c.settled.Load() }
+
 // refund gives back n tokens of a settled charge on key: into e's lease
 // when the key is tracked (spent or given back with it), else to the
 // bucket. Sliding windows and several limits get nothing back.

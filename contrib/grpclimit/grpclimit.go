@@ -1,5 +1,6 @@
 // Package grpclimit is gRPC server interceptors over a hybrid.Limiter: each
-// call (or stream) costs one token of the key its KeyFunc names; a rejected
+// call (or stream) costs one token of the key its KeyFunc names (WithCost
+// sets another cost, WithActualCost settles it after the call); a rejected
 // call fails with codes.ResourceExhausted and a google.rpc.RetryInfo detail
 // saying when to retry, which RetryDelay reads back on the client. A store
 // outage never fails calls: the limiter decides by its outage mode.
@@ -52,48 +53,133 @@ func ByPeerIP(ctx context.Context, _ string) (string, error) {
 	return host, nil
 }
 
+// Option configures the interceptors.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	cost   func(ctx context.Context, fullMethod string) int64
+	actual func(ctx context.Context, fullMethod string, err error) int64
+}
+
+// WithCost charges cost(ctx, fullMethod) tokens for a call instead of one.
+// A cost above the limit's Burst can never be admitted: such a call fails
+// with codes.InvalidArgument.
+func WithCost(cost func(ctx context.Context, fullMethod string) int64) Option {
+	return optionFunc(func(c *config) { c.cost = cost })
+}
+
+// WithActualCost settles each admitted call's cost once its handler has
+// returned (hybrid.Limiter.ChargeN, Charge.Settle): WithCost's cost is the
+// estimate charged up front, actual(ctx, fullMethod, err) the cost the
+// call really had, err being the handler's. What the estimate did not use
+// goes back; what it lacked is charged, as debt the limit's later refills
+// pay. A negative actual keeps the estimate. The handler may also settle
+// the charge itself with the cost it measured (a stream's tokens, once
+// sent): hybrid.ChargeFromContext(ctx).Settle(n); then actual is not
+// called.
+func WithActualCost(actual func(ctx context.Context, fullMethod string, err error) int64) Option {
+	return optionFunc(func(c *config) { c.actual = actual })
+}
+
+func newConfig(opts []Option) config {
+	c := config{cost: func(context.Context, string) int64 { return 1 }}
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	return c
+}
+
 // UnaryServerInterceptor limits unary calls with lim, by key.
-func UnaryServerInterceptor(lim *hybrid.Limiter, key KeyFunc) grpc.UnaryServerInterceptor {
+func UnaryServerInterceptor(lim *hybrid.Limiter, key KeyFunc, opts ...Option) grpc.UnaryServerInterceptor {
+	cfg := newConfig(opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if err := admit(ctx, lim, key, info.FullMethod); err != nil {
+		ch, err := admit(ctx, lim, key, info.FullMethod, &cfg)
+		if err != nil {
 			return nil, err
 		}
-		return handler(ctx, req)
+		if ch == nil {
+			return handler(ctx, req)
+		}
+		resp, err := handler(hybrid.ContextWithCharge(ctx, ch), req)
+		cfg.settle(ctx, ch, info.FullMethod, err)
+		return resp, err
 	}
 }
 
 // StreamServerInterceptor limits the opening of streams with lim, by key:
-// a stream costs one token, whatever it carries.
-func StreamServerInterceptor(lim *hybrid.Limiter, key KeyFunc) grpc.StreamServerInterceptor {
+// a stream costs one token (or WithCost's), whatever it carries, unless
+// WithActualCost settles it.
+func StreamServerInterceptor(lim *hybrid.Limiter, key KeyFunc, opts ...Option) grpc.StreamServerInterceptor {
+	cfg := newConfig(opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if err := admit(ss.Context(), lim, key, info.FullMethod); err != nil {
+		ch, err := admit(ss.Context(), lim, key, info.FullMethod, &cfg)
+		if err != nil {
 			return err
 		}
-		return handler(srv, ss)
+		if ch == nil {
+			return handler(srv, ss)
+		}
+		err = handler(srv, chargedStream{ss, hybrid.ContextWithCharge(ss.Context(), ch)})
+		cfg.settle(ss.Context(), ch, info.FullMethod, err)
+		return err
 	}
 }
 
-// admit decides one call; nil lets it through.
-func admit(ctx context.Context, lim *hybrid.Limiter, key KeyFunc, method string) error {
+// chargedStream is a stream whose context carries its Charge.
+type chargedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s chargedStream) Context() context.Context { return s.ctx }
+
+// settle settles ch after its handler returned err, unless the handler
+// settled it.
+func (c *config) settle(ctx context.Context, ch *hybrid.Charge, method string, err error) {
+	if ch.Settled() {
+		return
+	}
+	if n := c.actual(ctx, method, err); n >= 0 {
+		_ = ch.Settle(n) // only ErrClosed is left: a limiter shutting down charges nothing
+	}
+}
+
+// admit decides one call; a nil error lets it through, with its Charge
+// when its cost is settled afterwards (WithActualCost).
+func admit(ctx context.Context, lim *hybrid.Limiter, key KeyFunc, method string, cfg *config) (*hybrid.Charge, error) {
 	k, err := key(ctx, method)
 	if err != nil {
-		return status.Error(codes.InvalidArgument, "rate limit: cannot tell who is calling")
+		return nil, status.Error(codes.InvalidArgument, "rate limit: cannot tell who is calling")
 	}
-	d, err := lim.AllowN(ctx, k, 1)
+	var d hybrid.Decision
+	var ch *hybrid.Charge
+	if cfg.actual != nil {
+		if ch, err = lim.ChargeN(ctx, k, cfg.cost(ctx, method)); ch != nil {
+			d = ch.Decision
+		}
+	} else {
+		d, err = lim.AllowN(ctx, k, cfg.cost(ctx, method))
+	}
 	switch {
 	case errors.Is(err, hybrid.ErrInvalidKey):
-		return status.Error(codes.InvalidArgument, "rate limit: invalid key")
+		return nil, status.Error(codes.InvalidArgument, "rate limit: invalid key")
+	case errors.Is(err, hybrid.ErrExceedsBurst), errors.Is(err, hybrid.ErrInvalidN):
+		return nil, status.Error(codes.InvalidArgument, "rate limit: the call costs more than the limit ever allows")
 	case err != nil:
-		return status.Error(codes.Unavailable, "rate limit: unavailable")
+		return nil, status.Error(codes.Unavailable, "rate limit: unavailable")
 	case d.Allowed:
-		return nil
+		return ch, nil
 	}
 	st, derr := status.New(codes.ResourceExhausted, "rate limit exceeded").
 		WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)})
 	if derr != nil {
-		return status.Error(codes.ResourceExhausted, "rate limit exceeded")
+		return nil, status.Error(codes.ResourceExhausted, "rate limit exceeded")
 	}
-	return st.Err()
+	return nil, st.Err()
 }
 
 // RetryDelay reads, on the client, the retry delay a rejected call carries:

@@ -69,21 +69,82 @@ func Middleware(lim *hybrid.Limiter, key KeyFunc, opts ...Option) func(http.Hand
 				http.Error(w, "rate limit: cannot tell who is asking", http.StatusBadRequest)
 				return
 			}
-			d, err := lim.AllowN(r.Context(), k, cfg.cost(r))
-			if status, msg := errorStatus(err); status != 0 {
-				http.Error(w, msg, status)
+			if cfg.actual != nil {
+				charged(lim, k, &cfg, next, w, r)
 				return
 			}
-			setHeaders(w.Header(), lim.Policy().Name, d, cfg.legacy)
-			if !d.Allowed {
-				w.Header().Set("Retry-After", retryAfter(d))
-				cfg.deny.ServeHTTP(w, r)
+			d, err := lim.AllowN(r.Context(), k, cfg.cost(r))
+			if !decided(lim, &cfg, d, err, w, r) {
 				return
 			}
 			next.ServeHTTP(w, r)
 		})
 	}
 }
+
+// decided writes the response of a request that is not let through (an
+// error, a refusal) and reports whether it is let through.
+func decided(lim *hybrid.Limiter, cfg *config, d hybrid.Decision, err error, w http.ResponseWriter, r *http.Request) bool {
+	if status, msg := errorStatus(err); status != 0 {
+		http.Error(w, msg, status)
+		return false
+	}
+	setHeaders(w.Header(), lim.Policy().Name, d, cfg.legacy)
+	if !d.Allowed {
+		w.Header().Set("Retry-After", retryAfter(d))
+		cfg.deny.ServeHTTP(w, r)
+		return false
+	}
+	return true
+}
+
+// charged serves a request whose cost is settled after the handler
+// (WithActualCost): the estimate is charged, the charge rides in the
+// request's context, and what the handler did not settle itself is
+// settled from the response.
+func charged(lim *hybrid.Limiter, k string, cfg *config, next http.Handler, w http.ResponseWriter, r *http.Request) {
+	ch, err := lim.ChargeN(r.Context(), k, cfg.cost(r))
+	var d hybrid.Decision
+	if ch != nil {
+		d = ch.Decision
+	}
+	if !decided(lim, cfg, d, err, w, r) {
+		return
+	}
+	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+	next.ServeHTTP(sw, r.WithContext(hybrid.ContextWithCharge(r.Context(), ch)))
+	if ch.Settled() {
+		return
+	}
+	if n := cfg.actual(r, sw.status, w.Header()); n >= 0 {
+		_ = ch.Settle(n) // only ErrClosed is left: a limiter shutting down charges nothing
+	}
+}
+
+// statusWriter records the status a handler wrote. Unwrap lets
+// http.ResponseController reach the connection's own writer; Flush keeps
+// streamed responses (server-sent events) flushing.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if !s.wrote {
+		s.status, s.wrote = code, true
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	s.wrote = true
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusWriter) Flush() { _ = http.NewResponseController(s.ResponseWriter).Flush() }
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // errorStatus maps an AllowN error to a response; 0 for none. Messages
 // never echo the key or other internals.

@@ -1,6 +1,10 @@
 package httplimit
 
-import "net/http"
+import (
+	"net/http"
+	"strconv"
+	"strings"
+)
 
 // Option configures Middleware.
 type Option interface{ apply(*config) }
@@ -11,6 +15,7 @@ func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	cost   func(*http.Request) int64
+	actual func(r *http.Request, status int, h http.Header) int64
 	skip   func(*http.Request) bool
 	deny   http.Handler
 	legacy bool
@@ -40,4 +45,32 @@ func WithDenyHandler(h http.Handler) Option {
 // read. The default sends only RateLimit-Policy and RateLimit.
 func WithLegacyHeaders() Option {
 	return optionFunc(func(c *config) { c.legacy = true })
+}
+
+// WithActualCost settles each admitted request's cost once the handler has
+// returned (hybrid.Limiter.ChargeN, Charge.Settle): WithCost's cost is the
+// estimate charged up front, actual(r, status, h) the cost the request
+// really had, read from the request, the response's status and its header
+// (CostFromHeader reads a header the handler set). What the estimate did
+// not use goes back; what it lacked is charged, as debt the limit's later
+// refills pay. A negative actual keeps the estimate. The handler may also
+// settle the charge itself with the cost it measured (an LLM response's
+// tokens, once streamed): hybrid.ChargeFromContext(r.Context()).Settle(n);
+// then actual is not called.
+func WithActualCost(actual func(r *http.Request, status int, h http.Header) int64) Option {
+	return optionFunc(func(c *config) { c.actual = actual })
+}
+
+// CostFromHeader is an actual cost for WithActualCost: the integer value of
+// the response header name, which the handler sets (a trailer works too,
+// for a streamed response); -1, keeping the estimate, when it is absent or
+// not a non-negative integer.
+func CostFromHeader(name string) func(r *http.Request, status int, h http.Header) int64 {
+	return func(_ *http.Request, _ int, h http.Header) int64 {
+		n, err := strconv.ParseInt(strings.TrimSpace(h.Get(name)), 10, 64)
+		if err != nil || n < 0 {
+			return -1
+		}
+		return n
+	}
 }
