@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/remote"
 	"github.com/stretchr/testify/require"
 )
 
@@ -133,4 +134,54 @@ func TestChargeSettleDuringOutage(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ch.Settle(4))
 	require.Equal(t, debt+15+4, l.Stats().OutageDebt, "outage debt after a refund of 6")
+}
+
+// TestChargeSettleShapesAndTiers: a sliding window gets no refund back
+// (the tokens count in their window until it passes) and is debited an
+// extra; a key under a tier settles into its tier's bucket.
+func TestChargeSettleShapesAndTiers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Run("sliding window", func(t *testing.T) {
+		w := newFakeWorld()
+		l := w.limiter(t, Policy{Name: "settle-window", Algorithm: SlidingWindow, Limit: Limit{Rate: 100, Period: time.Minute, Burst: 100}})
+		ch, err := l.ChargeN(ctx, "k", 50)
+		require.NoError(t, err)
+		require.True(t, ch.Allowed)
+		quiesce(t, l)
+		e := l.keys.load("k")
+		lease, calls := e.lease.Tokens(), l.Stats().StoreCalls
+		require.NoError(t, ch.Settle(10))
+		require.Equal(t, lease, e.lease.Tokens(), "a window's refund went into the lease")
+		require.Equal(t, calls, l.Stats().StoreCalls, "a window's refund made a store call")
+		ch, err = l.ChargeN(ctx, "k", 20)
+		require.NoError(t, err)
+		require.True(t, ch.Allowed)
+		quiesce(t, l)
+		require.Zero(t, e.lease.Tokens(), "charges above a lease lease exactly what they need")
+		require.NoError(t, ch.Settle(45))
+		eventually(t, "the debit", func() bool { return l.Stats().TokensDebited == 25 })
+		// 50 + 20 charged and 25 debited: the window holds 5 more.
+		d, err := l.AllowN(ctx, "k", 6)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "the window admitted 6 with 95 of 100 used: %+v", d)
+		d, err = l.AllowN(ctx, "k", 5)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "the window refused its last 5: %+v", d)
+	})
+	t.Run("tiers", func(t *testing.T) {
+		w := newFakeWorld()
+		p := Policy{Name: "settle-tiers", Limit: Limit{Rate: 1, Period: time.Hour, Burst: 10}, Version: 1,
+			Tiers: map[string]Tier{"paid": {Limit: Limit{Rate: 1, Period: time.Hour, Burst: 100}}}}
+		l := w.limiter(t, p, WithTier(func(string) string { return "paid" }))
+		ch, err := l.ChargeN(ctx, "acme", 10)
+		require.NoError(t, err)
+		require.True(t, ch.Allowed)
+		require.NoError(t, ch.Settle(70))
+		require.NoError(t, l.Close(ctx))
+		res, err := w.store.Lease(ctx, remote.Request{Prefix: remote.DefaultPrefix, Policy: p.Name, Tier: "paid", Key: "acme",
+			Limit: p.Tiers["paid"].Limit, Version: 1, N: 100, Min: 1, Need: 1})
+		require.NoError(t, err)
+		require.Equal(t, int64(30), res.Granted, "the paid tier's bucket after a settled cost of 70")
+	})
 }
