@@ -287,3 +287,47 @@ func ExampleWithTier() {
 	// acme 3
 	// bob 1
 }
+
+// An LLM gateway's budget of tokens per minute per tenant: the tokens a
+// request uses are known only when its response ends, so the gateway
+// charges an estimate up front and settles the real count afterwards. What
+// the estimate did not use goes back; what it lacked is charged, as debt
+// that the next refills pay before the tenant is admitted again.
+func ExampleCharge_Settle() {
+	w := newWorld()
+	defer w.close()
+	ctx := context.Background()
+	lim, err := hybrid.New(remote.NewRedis(w.rdb),
+		hybrid.Policy{Name: "llm-tokens", Limit: hybrid.Limit{Rate: 10_000, Period: time.Minute, Burst: 10_000}},
+		hybrid.WithClock(w.clk))
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close(ctx)
+
+	call := func(estimate, used int64) {
+		ch, err := lim.ChargeN(ctx, "tenant-a", estimate)
+		if err != nil {
+			panic(err)
+		}
+		if !ch.Allowed {
+			fmt.Printf("estimate %d: refused, retry after %v\n", estimate, ch.RetryAfter.Round(time.Second))
+			return
+		}
+		// ... the model answers; its usage says how many tokens it took ...
+		if err := ch.Settle(used); err != nil {
+			panic(err)
+		}
+		fmt.Printf("estimate %d, used %d\n", estimate, used)
+	}
+	call(4000, 1500)           // 2 500 come back
+	call(4000, 9000)           // 5 000 more are charged: the budget is 500 short
+	call(1000, 0)              // refused until refills pay the debt
+	w.advance(9 * time.Second) // 1 500 refilled: the debt paid, 1 000 left
+	call(1000, 1000)
+	// Output:
+	// estimate 4000, used 1500
+	// estimate 4000, used 9000
+	// estimate 1000: refused, retry after 9s
+	// estimate 1000, used 1000
+}
