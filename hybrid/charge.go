@@ -12,9 +12,9 @@ import (
 // Costs known only afterwards (an LLM call's tokens, a GraphQL query's
 // cost): ChargeN decides an estimate when the work starts, Settle charges
 // the actual cost when it ends. The part of the estimate not used goes
-// back; the part above it is charged, as debt if the bucket is short,
-// which later refills pay (the bucket gives half its rate to a debt while
-// it is out). So at every instant the fleet's settled costs plus the
+// back; the part above it is charged, as debt if the bucket is short: its
+// level goes below zero and refills pay the debt before it admits again.
+// So at every instant the fleet's settled costs plus the
 // estimates of the work still running are at most Burst + Rate·t plus the
 // debt still out, and the debt is at most the extra of work that was
 // running when the bucket last had tokens to admit with.

@@ -29,7 +29,7 @@ type costEvent struct {
 // costs settled plus the estimates of the work running are at most
 // Burst + Rate·t plus the extra of the work that can run at once (16 ×
 // 2 × 100 = 3 200); after the load the bucket's debt is paid from refills
-// within debt ÷ (Rate/2); and the fleet settles at least 90% of Rate·t.
+// within debt ÷ Rate; and the fleet settles at least 90% of Rate·t.
 func TestSettledCostsKeepTheBound(t *testing.T) {
 	if testing.Short() {
 		t.Skip("3 s of load per case")
@@ -108,8 +108,8 @@ func TestSettledCostsKeepTheBound(t *testing.T) {
 				t.Fatalf("settled %d, under 90%% of Rate·t (%d)", total, lim.TokensIn(end.Sub(start)))
 			}
 			// The debt left is paid from refills: the bucket is back to a
-			// level of 0 or more within debt ÷ (Rate/2), half the rate
-			// going to a debt while it is out (+100 ms of slack).
+			// level of 0 or more within debt ÷ Rate (+100 ms of slack for
+			// the polls).
 			for _, l := range lims {
 				require.NoError(t, l.Close(ctx))
 			}
@@ -118,7 +118,7 @@ func TestSettledCostsKeepTheBound(t *testing.T) {
 			b, err := st.Peek(ctx, lims[0].cfg.prefix, p.Name, tc.key)
 			require.NoError(t, err)
 			debt := max(-b.Level, 0)
-			within := lim.DurationFor(2*debt) + 100*time.Millisecond
+			within := lim.DurationFor(debt) + 100*time.Millisecond
 			for b.Level < 0 {
 				if time.Since(closed) > within {
 					t.Fatalf("debt %d not paid %v after the load (level %d)", debt, within, b.Level)
