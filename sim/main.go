@@ -125,6 +125,7 @@ func runOne(s *Scenario, seed uint64, out string, stdout, stderr io.Writer) (*re
 	rec.table(stdout)
 	rec.auditTable(stdout)
 	rec.regionTable(stdout)
+	rec.costTable(stdout)
 	files, err := rec.writePlots(out)
 	if err != nil {
 		return nil, "", fmt.Errorf("plot: %w", err)

@@ -59,6 +59,11 @@ type recorder struct {
 	// seen is when each process last decided on each key: a decision on a
 	// key its process had not decided for Burst/Rate is at the idle floor.
 	seen map[procKey]time.Duration
+
+	// Costed traffic: every change of the charged cost, and the charges
+	// running now and at most.
+	costs               []costEvent
+	running, maxRunning int
 }
 
 // procKey is one process's view of one key.
@@ -211,12 +216,14 @@ func (r *recorder) policyChanged(at time.Duration, l hybrid.Limit) {
 
 func (r *recorder) storeCall() { r.phases[r.cur].storeCalls++ }
 
-func (r *recorder) decision(now time.Duration, proc int, key string, d hybrid.Decision, err error, lat time.Duration) {
+// decision records one decision of n tokens (n > 1 for costed traffic,
+// its estimate).
+func (r *recorder) decision(now time.Duration, proc int, key string, n int64, d hybrid.Decision, err error, lat time.Duration) {
 	p := r.phaseAt(now)
 	s := min(int(now/time.Second), len(r.perSecond)-1)
-	p.offered++
-	p.perKeyOffered[key]++
-	r.offeredS[s]++
+	p.offered += n
+	p.perKeyOffered[key] += n
+	r.offeredS[s] += n
 	if err != nil {
 		p.errors++
 		return
@@ -243,12 +250,12 @@ func (r *recorder) decision(now time.Duration, proc int, key string, d hybrid.De
 	if r.spans != nil {
 		r.admits = append(r.admits, now)
 	}
-	p.admitted++
-	p.perKeyAdmitted[key]++
+	p.admitted += n
+	p.perKeyAdmitted[key] += n
 	for len(r.perSecond[s]) <= proc {
 		r.perSecond[s] = append(r.perSecond[s], 0)
 	}
-	r.perSecond[s][proc]++
+	r.perSecond[s][proc] += n
 }
 
 // bound returns the phase's exact bound summed over the keys that saw
@@ -363,6 +370,7 @@ func (r *recorder) verdict() []string {
 	}
 	miss = append(miss, r.auditMisses()...)
 	miss = append(miss, r.regionMisses()...)
+	miss = append(miss, r.costMisses()...)
 	if t.RecoveryMaxS > 0 && r.faultEnd > 0 {
 		switch {
 		case r.recoveredAt < 0:

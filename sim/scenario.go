@@ -174,6 +174,9 @@ type TrafficSpec struct {
 	// DayS seconds, full at PeakS and a twentieth of it half a day away.
 	DayS  float64 `json:"day_s"`
 	PeakS float64 `json:"peak_s"`
+	// Cost, if set, charges each request an estimate and settles its
+	// actual cost when its work ends (see costs.go).
+	Cost *CostSpec `json:"cost"`
 }
 
 // rateAt is the source's per-process rate at t (seconds), before skew.
@@ -254,6 +257,13 @@ type Targets struct {
 	// FollowLagMaxS bounds, in a tiered world with a traffic source per
 	// region, how many seconds each region's admissions lag its demand.
 	FollowLagMaxS float64 `json:"follow_lag_max_s"`
+	// CostOverMaxEstimates bounds, for costed traffic, the most the
+	// settled costs plus the estimates still running ever ran over
+	// Burst + Rate·t, in estimates.
+	CostOverMaxEstimates *float64 `json:"cost_over_max_estimates"`
+	// CostUtilizationMinPct is, for costed traffic, the least share of
+	// Rate·t the settled costs reach over the run.
+	CostUtilizationMinPct float64 `json:"cost_utilization_min_pct"`
 	// WindowUtilizationMinPct is, for audited policies, the least share
 	// of each binding limit a window of its period must admit once a whole
 	// period has passed under it (see the window audit); audits always

@@ -70,6 +70,8 @@ type world struct {
 	// A tiered world's regions, and what replays their calls exactly.
 	regions []*region
 	sched   *sched
+	// settles are the costed charges in flight (see costs.go).
+	settles settleQueue
 }
 
 type timedAction struct {
@@ -118,6 +120,7 @@ func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*
 		now := time.Duration(step) * w.dt
 		w.runActions(now)
 		w.rec.beginStep(now)
+		w.settleDue(now)
 		w.offer(now)
 		w.clk.Advance(w.dt)
 		w.rec.endStep(now + w.dt)
@@ -384,12 +387,20 @@ func (w *world) offer(now time.Duration) {
 					}
 				}
 				p.store.lastLatency = 0
-				d, err := p.lim.AllowN(w.ctx, key, 1)
+				var d hybrid.Decision
+				var err error
+				n := int64(1)
+				if t.Cost != nil {
+					n = t.Cost.Estimate
+					d, err = w.charge(now, p, key, t.Cost)
+				} else {
+					d, err = p.lim.AllowN(w.ctx, key, 1)
+				}
 				var lat time.Duration
 				if err == nil && d.Source == hybrid.SourceRemote {
 					lat = min(p.store.lastLatency, w.storeTimeout())
 				}
-				w.rec.decision(now, p.id, key, d, err, lat)
+				w.rec.decision(now, p.id, key, n, d, err, lat)
 			}
 		}
 	}
