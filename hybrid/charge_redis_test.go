@@ -32,7 +32,7 @@ type costEvent struct {
 // within debt ÷ Rate; and the fleet settles at least 90% of Rate·t.
 func TestSettledCostsKeepTheBound(t *testing.T) {
 	if testing.Short() {
-		t.Skip("3 s of load per case")
+		t.Skip("2 s of load per case")
 	}
 	const (
 		estimate = 100
@@ -53,7 +53,7 @@ func TestSettledCostsKeepTheBound(t *testing.T) {
 			}
 			ctx := context.Background()
 			start := time.Now()
-			stop := start.Add(3 * time.Second)
+			stop := start.Add(2 * time.Second)
 			var wg sync.WaitGroup
 			for i, l := range lims {
 				for w := range workers {

@@ -6,8 +6,10 @@ import (
 	"github.com/leasehold/leasehold/internal/keys"
 	"math/rand/v2"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,9 +80,12 @@ func heldTokens(lims []*Limiter) (n int64) {
 	return n
 }
 
+// fleetSeq keeps the policies of fleets made in one microsecond apart.
+var fleetSeq atomic.Int64
+
 func policyFleet(t *testing.T, name string, n int, lim Limit, opts ...Option) []*Limiter {
 	srv := redistest.Standalone(t)
-	p := Policy{Name: name + "-" + time.Now().Format("150405.000000"), Limit: lim, Version: 1}
+	p := Policy{Name: name + "-" + strconv.FormatInt(fleetSeq.Add(1), 10) + "-" + time.Now().Format("150405.000000"), Limit: lim, Version: 1}
 	return newFleet(t, n, p, dial(srv), opts...)
 }
 
@@ -89,9 +94,12 @@ func policyFleet(t *testing.T, name string, n int, lim Limit, opts ...Option) []
 // grant kept spending its old share until its renewal, up to a quarter of
 // the term: a lowered limit exceeded 2.6×, a raised one stayed at the old
 // rate, a key moved to another tier spent its old tier's grant).
+// The two run side by side.
 func leasesAndGrants(t *testing.T, f func(t *testing.T, opts ...Option)) {
-	t.Run("leases", func(t *testing.T) { f(t) })
-	t.Run("grants", func(t *testing.T) { f(t, WithCapacityLeases(15*time.Second)) })
+	// The two fleets run side by side: each has its own policy and
+	// buckets, and their load is light (a few hundred decisions a second).
+	t.Run("leases", func(t *testing.T) { t.Parallel(); f(t) })
+	t.Run("grants", func(t *testing.T) { t.Parallel(); f(t, WithCapacityLeases(15*time.Second)) })
 }
 
 // TestPolicyReduceUnderLoad: 8 limiters at 100/s Burst 100 under 3× demand;

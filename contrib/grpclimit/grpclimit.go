@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/inflight"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -61,8 +62,9 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	cost   func(ctx context.Context, fullMethod string) int64
-	actual func(ctx context.Context, fullMethod string, err error) int64
+	inflight *inflight.Limiter
+	cost     func(ctx context.Context, fullMethod string) int64
+	actual   func(ctx context.Context, fullMethod string, err error) int64
 }
 
 // WithCost charges cost(ctx, fullMethod) tokens for a call instead of one.
@@ -85,6 +87,15 @@ func WithActualCost(actual func(ctx context.Context, fullMethod string, err erro
 	return optionFunc(func(c *config) { c.actual = actual })
 }
 
+// WithInFlight also caps the key's calls in flight across the fleet with
+// sem: a call that finds every slot taken fails with
+// codes.ResourceExhausted (and a RetryInfo of 1 s); its slot is released
+// when the handler returns (for a stream, when the stream ends). The cap
+// is checked before the rate limit, so a call it refuses costs no token.
+func WithInFlight(sem *inflight.Limiter) Option {
+	return optionFunc(func(c *config) { c.inflight = sem })
+}
+
 func newConfig(opts []Option) config {
 	c := config{cost: func(context.Context, string) int64 { return 1 }}
 	for _, o := range opts {
@@ -97,6 +108,11 @@ func newConfig(opts []Option) config {
 func UnaryServerInterceptor(lim *hybrid.Limiter, key KeyFunc, opts ...Option) grpc.UnaryServerInterceptor {
 	cfg := newConfig(opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		release, err := cfg.enter(ctx, key, info.FullMethod)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 		ch, err := admit(ctx, lim, key, info.FullMethod, &cfg)
 		if err != nil {
 			return nil, err
@@ -116,6 +132,11 @@ func UnaryServerInterceptor(lim *hybrid.Limiter, key KeyFunc, opts ...Option) gr
 func StreamServerInterceptor(lim *hybrid.Limiter, key KeyFunc, opts ...Option) grpc.StreamServerInterceptor {
 	cfg := newConfig(opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		release, err := cfg.enter(ss.Context(), key, info.FullMethod)
+		if err != nil {
+			return err
+		}
+		defer release()
 		ch, err := admit(ss.Context(), lim, key, info.FullMethod, &cfg)
 		if err != nil {
 			return err
@@ -127,6 +148,31 @@ func StreamServerInterceptor(lim *hybrid.Limiter, key KeyFunc, opts ...Option) g
 		cfg.settle(ss.Context(), ch, info.FullMethod, err)
 		return err
 	}
+}
+
+// enter takes a slot of the call's key when WithInFlight caps calls in
+// flight, and returns what gives it back.
+func (c *config) enter(ctx context.Context, key KeyFunc, method string) (release func(), err error) {
+	if c.inflight == nil {
+		return func() {}, nil
+	}
+	k, err := key(ctx, method)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, "rate limit: cannot tell who is calling")
+	}
+	if !c.inflight.TryAcquire(k, 1) {
+		return nil, exhausted("too many calls in flight", time.Second)
+	}
+	return func() { c.inflight.Release(k, 1) }, nil
+}
+
+// exhausted is a ResourceExhausted error that says when to retry.
+func exhausted(msg string, after time.Duration) error {
+	st, err := status.New(codes.ResourceExhausted, msg).WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(after)})
+	if err != nil {
+		return status.Error(codes.ResourceExhausted, msg)
+	}
+	return st.Err()
 }
 
 // chargedStream is a stream whose context carries its Charge.
@@ -174,12 +220,7 @@ func admit(ctx context.Context, lim *hybrid.Limiter, key KeyFunc, method string,
 	case d.Allowed:
 		return ch, nil
 	}
-	st, derr := status.New(codes.ResourceExhausted, "rate limit exceeded").
-		WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)})
-	if derr != nil {
-		return nil, status.Error(codes.ResourceExhausted, "rate limit exceeded")
-	}
-	return nil, st.Err()
+	return nil, exhausted("rate limit exceeded", d.RetryAfter)
 }
 
 // RetryDelay reads, on the client, the retry delay a rejected call carries:

@@ -9,6 +9,7 @@ import (
 
 	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/inflight"
 	"github.com/leasehold/leasehold/remote"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -92,4 +93,69 @@ func TestActualCost(t *testing.T) {
 	if res.Granted != 40 {
 		t.Fatalf("the bucket holds %d, want 40 (100 less 60 for the call that succeeded)", res.Granted)
 	}
+}
+
+// TestInFlight: with WithInFlight, two open streams of a tenant take both
+// of its slots: a call meanwhile is ResourceExhausted, with a RetryInfo;
+// once a stream ends its slot serves the next call.
+func TestInFlight(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	store := remote.NewMemory(clk)
+	lim, err := hybrid.New(store, hybrid.Policy{Name: "grpc-rate", Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 100}},
+		hybrid.WithClock(clk), hybrid.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close(context.Background())
+	sem, err := inflight.New(store, "grpc-in-flight", 2, inflight.WithClock(clk), inflight.WithFleetSize(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close(context.Background())
+	key := ByMetadata("x-tenant")
+	s := grpc.NewServer(grpc.UnaryInterceptor(UnaryServerInterceptor(lim, key, WithInFlight(sem))),
+		grpc.StreamInterceptor(StreamServerInterceptor(lim, key, WithInFlight(sem))))
+	hs := health.NewServer()
+	hs.SetServingStatus("up", healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(s, hs)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(ln) }()
+	defer s.Stop()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := healthpb.NewHealthClient(conn)
+	ctx := tenant("acme")
+	var cancels []context.CancelFunc
+	for range 2 {
+		sctx, cancel := context.WithCancel(ctx)
+		cancels = append(cancels, cancel)
+		stream, err := c.Watch(sctx, &healthpb.HealthCheckRequest{Service: "up"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = c.Check(ctx, &healthpb.HealthCheckRequest{Service: "up"})
+	if d, ok := RetryDelay(err); status.Code(err) != codes.ResourceExhausted || !ok || d != time.Second {
+		t.Fatalf("a third call in flight: %v (retry %v), want ResourceExhausted with a retry of 1 s", err, d)
+	}
+	cancels[0]()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := c.Check(ctx, &healthpb.HealthCheckRequest{Service: "up"}); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("after a stream ended: %v", err)
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline: the stream's handler returns on its own
+	}
+	cancels[1]()
 }

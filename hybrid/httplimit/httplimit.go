@@ -69,6 +69,14 @@ func Middleware(lim *hybrid.Limiter, key KeyFunc, opts ...Option) func(http.Hand
 				http.Error(w, "rate limit: cannot tell who is asking", http.StatusBadRequest)
 				return
 			}
+			if cfg.inflight != nil {
+				if !cfg.inflight.TryAcquire(k, 1) {
+					w.Header().Set("Retry-After", "1")
+					cfg.deny.ServeHTTP(w, r)
+					return
+				}
+				defer cfg.inflight.Release(k, 1)
+			}
 			if cfg.actual != nil {
 				charged(lim, k, &cfg, next, w, r)
 				return

@@ -2,6 +2,8 @@ package httplimit
 
 import (
 	"net/http"
+
+	"github.com/leasehold/leasehold/inflight"
 	"strconv"
 	"strings"
 )
@@ -14,11 +16,12 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	cost   func(*http.Request) int64
-	actual func(r *http.Request, status int, h http.Header) int64
-	skip   func(*http.Request) bool
-	deny   http.Handler
-	legacy bool
+	inflight *inflight.Limiter
+	cost     func(*http.Request) int64
+	actual   func(r *http.Request, status int, h http.Header) int64
+	skip     func(*http.Request) bool
+	deny     http.Handler
+	legacy   bool
 }
 
 // WithCost charges cost(r) tokens for r instead of one. A cost above the
@@ -73,4 +76,14 @@ func CostFromHeader(name string) func(r *http.Request, status int, h http.Header
 		}
 		return n
 	}
+}
+
+// WithInFlight also caps the key's requests in flight across the fleet
+// with sem: a request that finds every slot taken gets 429 Too Many
+// Requests with Retry-After: 1, as the rate limit's refusals do (the caller
+// has too many requests running: it should slow down, which a 503 would
+// not say); its slot is released when the handler returns. The cap is
+// checked before the rate limit, so a request it refuses costs no token.
+func WithInFlight(sem *inflight.Limiter) Option {
+	return optionFunc(func(c *config) { c.inflight = sem })
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/inflight"
 	"github.com/leasehold/leasehold/remote"
 )
 
@@ -86,5 +87,59 @@ func TestActualCost(t *testing.T) {
 				t.Fatalf("the bucket holds %d after the request, want %d (100 less the settled cost)", res.Granted, tc.wantLvl)
 			}
 		})
+	}
+}
+
+// TestInFlight: with WithInFlight a tenant's third request while two run
+// gets 429 with Retry-After: 1 and costs no token; a slot is released when
+// its handler returns.
+func TestInFlight(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	store := remote.NewMemory(clk)
+	lim, err := hybrid.New(store, hybrid.Policy{Name: "rate", Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 100}},
+		hybrid.WithClock(clk), hybrid.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close(context.Background())
+	sem, err := inflight.New(store, "in-flight", 2, inflight.WithClock(clk), inflight.WithFleetSize(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close(context.Background())
+	block, entered := make(chan struct{}), make(chan struct{}, 2)
+	h := Middleware(lim, ByHeader("X-Tenant"), WithInFlight(sem))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			entered <- struct{}{}
+			<-block
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	do := func(path string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodGet, path, nil)
+		r.Header.Set("X-Tenant", "acme")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	done := make(chan int, 2)
+	for range 2 {
+		go func() { done <- do("/slow").Code }()
+		<-entered
+	}
+	if w := do("/fast"); w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "1" {
+		t.Fatalf("a third request in flight: %d Retry-After %q, want 429 and 1", w.Code, w.Header().Get("Retry-After"))
+	}
+	close(block)
+	for range 2 {
+		if code := <-done; code != http.StatusNoContent {
+			t.Fatalf("a request in flight: %d", code)
+		}
+	}
+	if w := do("/fast"); w.Code != http.StatusNoContent {
+		t.Fatalf("after the two ended: %d, want 204", w.Code)
+	}
+	if got := lim.Stats().Admitted; got != 3 {
+		t.Fatalf("the rate limit admitted %d, want 3: the refused request cost a token", got)
 	}
 }

@@ -51,6 +51,7 @@ const (
 	kindRegion = "region" // a region's copy of the world's weight and its beat claim
 	kindPool   = "pool"   // a region's pool for one bucket
 	kindGrants = "grants" // a bucket's capacity grants
+	kindSlots  = "slots"  // a concurrency limit's slots, by holder (a hash)
 )
 
 // Bucket returns the key of a bucket, prefix{policy:key}, or under a tier
@@ -70,6 +71,12 @@ func Pool(prefix, policy, tier, key string) string {
 // so both live in one slot and one script keeps them, then ":grants".
 func Grants(prefix, policy, tier, key string) string {
 	return bucketTag(prefix, policy, tier, key, "}:"+kindGrants)
+}
+
+// Slots returns the key of a concurrency limit's slots for key, by holder:
+// the bucket's tag, then ":slots".
+func Slots(prefix, policy, tier, key string) string {
+	return bucketTag(prefix, policy, tier, key, "}:"+kindSlots)
 }
 
 // Policy returns the key of a policy's current record.

@@ -1,0 +1,406 @@
+// Package inflight limits how many requests of a key are in flight at once
+// across a fleet of processes sharing one Redis ("at most 50 requests of
+// this tenant in flight"), in the shape of golang.org/x/sync/semaphore:
+// Acquire, TryAcquire, Release, per key.
+//
+// A process leases slots in batches from the store (remote.Slotter) and
+// acquires and releases locally while it holds them: an acquire on a held
+// slot is one compare-and-swap, with no store call and no allocation.
+// Slots beyond what the key uses plus a small batch go back at once. The
+// process holds its slots under a term the store counts by its own clock
+// and that the process renews every quarter of it, so the slots of a
+// crashed or cut-off process come back when its term ends, and never
+// before: in healthy mode the fleet never holds more than the limit at any
+// instant. A process stops acquiring on held slots a margin before their
+// term, counted from when it asked.
+//
+// When the store cannot be reached, a process keeps using the slots it
+// holds until their term, and past it admits up to its share of the limit
+// (Slots/N, N the fleet size from WithFleetSize or the store's heartbeats)
+// in flight, so the fleet stays near the limit; slots still in use when a
+// term ends without a renewal may be granted to others meanwhile, which is
+// the price of not waiting on a store that is away.
+package inflight
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/errs"
+	"github.com/leasehold/leasehold/internal/keys"
+	"github.com/leasehold/leasehold/remote"
+)
+
+// Errors, matched with errors.Is.
+var (
+	// ErrInvalidN: n ≤ 0, or more than the limit's slots.
+	ErrInvalidN = errs.New("inflight", "invalid n")
+	// ErrClosed: the limiter was closed.
+	ErrClosed = errs.New("inflight", "limiter closed")
+	// ErrInvalidOption: an option or limit New cannot work with.
+	ErrInvalidOption = errs.New("inflight", "invalid option")
+)
+
+// Limiter is a fleet-wide concurrency limit of Slots per key. It is safe
+// for concurrent use.
+type Limiter struct {
+	cfg    config
+	store  remote.Slotter
+	fleet  remote.Fleet // nil when the store keeps no fleet or WithFleetSize is set
+	name   string
+	slots  int64
+	holder string
+	epoch  time.Time
+
+	mu   sync.RWMutex
+	keys map[string]*slotKey
+
+	size   atomic.Int64 // the fleet's size as last counted
+	calls  atomic.Int64
+	errors atomic.Int64
+	closed atomic.Bool
+	stop   chan struct{}
+	kick   chan *slotKey // keys with slots to give back
+	wg     sync.WaitGroup
+}
+
+// New returns a limit of slots in flight per key, named name (keys of two
+// limits with one name share their slots), kept in store, which must be a
+// remote.Slotter (remote.NewRedis and remote.NewMemory are).
+func New(store remote.Store, name string, slots int64, opts ...Option) (*Limiter, error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	st, ok := store.(remote.Slotter)
+	if !ok {
+		return nil, errs.Errorf("inflight", "%w: store %T keeps no slots", ErrInvalidOption, store)
+	}
+	if slots < 1 || slots > math.MaxInt32 {
+		return nil, errs.Errorf("inflight", "%w: slots %d must be in 1..2^31-1", ErrInvalidOption, slots)
+	}
+	if err := keys.ValidateNames(cfg.prefix, name); err != nil {
+		return nil, errs.Errorf("inflight", "%w: %w", ErrInvalidOption, err)
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	l := &Limiter{cfg: cfg, store: st, name: name, slots: slots, holder: hex.EncodeToString(id[:]),
+		epoch: cfg.clk.Now(), keys: map[string]*slotKey{}, stop: make(chan struct{}), kick: make(chan *slotKey, 256)}
+	if f, ok := store.(remote.Fleet); ok && cfg.fleetSize == 0 {
+		l.fleet = f
+	}
+	l.size.Store(int64(max(cfg.fleetSize, 1)))
+	l.start()
+	return l, nil
+}
+
+// mono is a reading of the limiter's clock, in nanoseconds since New.
+type mono int64
+
+func (l *Limiter) now() mono { return mono(l.cfg.clk.Now().Sub(l.epoch)) }
+
+// slotKey is one key's slots in this process. word packs what the store
+// granted (held, high 32 bits) and what is in use (low 32 bits), so that
+// an acquire and a give-back never pass each other: in use ≤ held after
+// every successful change, except while the store is away (see share).
+type slotKey struct {
+	key     string
+	word    atomic.Uint64
+	until   atomic.Int64 // mono: held slots are usable before then
+	usedAt  atomic.Int64 // mono: last acquire
+	mu      sync.Mutex   // one store call at a time
+	waiters chan struct{}
+	waitMu  sync.Mutex
+	queued  atomic.Bool // in the give-back queue
+	// refusedAt: 1 + when a store call last found no room for an
+	// acquire; within the retry interval after it, acquires that do not
+	// fit the held slots are refused without asking again.
+	refusedAt atomic.Int64
+	// full: the store's last answer said other processes wait for slots;
+	// the key then keeps no spare slots, so that they move to them.
+	full atomic.Bool
+}
+
+func split(w uint64) (held, inUse int64) { return int64(w >> 32), int64(uint32(w)) }
+func pack(held, inUse int64) uint64      { return uint64(held)<<32 | uint64(uint32(inUse)) }
+
+// TryAcquire takes n slots of key without blocking and reports whether it
+// did; it asks the store only when the slots this process holds do not
+// cover n.
+func (l *Limiter) TryAcquire(key string, n int64) bool {
+	ok, _ := l.tryAcquire(context.Background(), key, n)
+	return ok
+}
+
+func (l *Limiter) tryAcquire(ctx context.Context, key string, n int64) (bool, error) {
+	if n < 1 || n > l.slots {
+		return false, errs.Errorf("inflight", "acquire %d of %.64q, limit %d: %w", n, key, l.slots, ErrInvalidN)
+	}
+	if l.closed.Load() {
+		return false, ErrClosed
+	}
+	for {
+		k := l.key(key)
+		if k.take(l.now(), n, 0) {
+			return true, nil
+		}
+		if ok, err, forgotten := l.slow(ctx, k, n); !forgotten {
+			return ok, err
+		}
+	}
+}
+
+// take acquires n on k's held slots, or up to cap in use when cap > 0 (the
+// store is away).
+func (k *slotKey) take(now mono, n, cap int64) bool {
+	live := int64(now) < k.until.Load()
+	for {
+		w := k.word.Load()
+		held, inUse := split(w)
+		limit := held
+		if !live {
+			limit = 0
+		}
+		if cap > 0 {
+			limit = max(limit, cap)
+		}
+		if inUse+n > limit {
+			return false
+		}
+		if k.word.CompareAndSwap(w, pack(held, inUse+n)) {
+			k.usedAt.Store(int64(now))
+			return true
+		}
+	}
+}
+
+// slow asks the store to raise k's holding to cover n plus a batch, then
+// takes n; while the store is away it takes n within the share.
+// forgotten reports k dropped from the limiter meanwhile (see forgetIdle):
+// the caller looks the key up again.
+func (l *Limiter) slow(ctx context.Context, k *slotKey, n int64) (ok bool, err error, forgotten bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.word.Load() == tombstone {
+		return false, nil, true
+	}
+	now := l.now()
+	if k.take(now, n, 0) { // another caller's call brought them
+		return true, nil, false
+	}
+	if r := k.refusedAt.Load(); r != 0 && now-mono(r-1) < mono(l.cfg.retry) {
+		return false, nil, false // the store had no room a moment ago
+	}
+	_, inUse := split(k.word.Load())
+	ask := inUse + n
+	if !k.full.Load() {
+		ask += l.batch()
+	}
+	if _, err := l.call(ctx, k, ask); err != nil {
+		if errors.Is(err, remote.ErrUnavailable) && ctx.Err() == nil {
+			return k.take(l.now(), n, l.share()), nil, false
+		}
+		return false, err, false
+	}
+	if k.take(l.now(), n, 0) {
+		return true, nil, false
+	}
+	k.refusedAt.Store(int64(now) + 1)
+	return false, nil, false
+}
+
+// call sets k's holding at the store to want (at least what is in use) and
+// records the answer: held and the term's end.
+func (l *Limiter) call(ctx context.Context, k *slotKey, want int64) (remote.SlotResult, error) {
+	sent := l.now()
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
+	defer cancel()
+	l.calls.Add(1)
+	res, err := l.store.Slots(cctx, remote.SlotRequest{Prefix: l.cfg.prefix, Policy: l.name, Key: k.key,
+		Holder: l.holder, Hold: want, Limit: l.slots, Term: l.cfg.term})
+	if err != nil {
+		l.errors.Add(1)
+		return res, err
+	}
+	k.full.Store(res.Waiting > 0)
+	for {
+		w := k.word.Load()
+		_, inUse := split(w)
+		if k.word.CompareAndSwap(w, pack(res.Held, inUse)) {
+			break
+		}
+	}
+	// The store's term starts at its TIME, read after the request left:
+	// stop a margin before the term counted from the send.
+	k.until.Store(int64(sent) + int64(l.cfg.term-l.cfg.term/100-time.Millisecond))
+	return res, nil
+}
+
+// Acquire takes n slots of key, waiting until they are free or ctx ends;
+// it returns ctx.Err() unchanged if ctx ends first. While it waits it asks
+// the store again every retry interval (WithRetry), and at once when this
+// process releases slots of key.
+func (l *Limiter) Acquire(ctx context.Context, key string, n int64) error {
+	for {
+		ok, err := l.tryAcquire(ctx, key, n)
+		if err != nil || ok {
+			return err
+		}
+		k := l.key(key)
+		k.waitMu.Lock()
+		if k.waiters == nil {
+			k.waiters = make(chan struct{})
+		}
+		ch := k.waiters
+		k.waitMu.Unlock()
+		t := l.cfg.clk.NewTimer(l.cfg.retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-l.stop:
+			t.Stop()
+			return ErrClosed
+		case <-ch:
+		case <-t.C():
+		}
+		t.Stop()
+	}
+}
+
+// Release gives back n slots of key that this process acquired. Slots
+// held beyond what is in use plus a batch go back to the store at once, in
+// the background.
+func (l *Limiter) Release(key string, n int64) {
+	if n < 1 {
+		return
+	}
+	l.mu.RLock()
+	k := l.keys[key]
+	l.mu.RUnlock()
+	if k == nil {
+		return
+	}
+	for {
+		w := k.word.Load()
+		held, inUse := split(w)
+		if k.word.CompareAndSwap(w, pack(held, max(inUse-n, 0))) {
+			if held-(inUse-n) > l.spare(k) && k.queued.CompareAndSwap(false, true) {
+				select {
+				case l.kick <- k:
+				default:
+					k.queued.Store(false) // the next renewal gives them back
+				}
+			}
+			break
+		}
+	}
+	k.waitMu.Lock()
+	if k.waiters != nil {
+		close(k.waiters)
+		k.waiters = nil
+	}
+	k.waitMu.Unlock()
+}
+
+// key returns key's slots, made on first use.
+func (l *Limiter) key(key string) *slotKey {
+	l.mu.RLock()
+	k := l.keys[key]
+	l.mu.RUnlock()
+	if k != nil {
+		return k
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if k = l.keys[key]; k == nil {
+		k = &slotKey{key: key}
+		l.keys[key] = k
+	}
+	return k
+}
+
+// batch is how many slots a key asks for beyond what it needs: a quarter
+// of the limit's part among the fleet, at least 1. A key keeps up to two
+// batches spare (see spare): the band keeps a steady load from calling
+// the store at each swing of what is in flight.
+func (l *Limiter) batch() int64 { return max(1, l.slots/(4*l.size.Load())) }
+
+// spare is how many slots k keeps beyond what it uses: two batches, none
+// while other processes wait for slots.
+func (l *Limiter) spare(k *slotKey) int64 {
+	if k.full.Load() {
+		return 0
+	}
+	return 2 * l.batch()
+}
+
+// share is how many slots a key may have in use while the store is away:
+// the limit divided among the fleet, at least 1.
+func (l *Limiter) share() int64 { return max(1, l.slots/l.size.Load()) }
+
+// Stats counts a limiter's store calls.
+type Stats struct {
+	// StoreCalls counts slot calls; StoreErrors those that failed.
+	StoreCalls, StoreErrors int64
+	// Held and InUse sum every key's slots held from the store and in use.
+	Held, InUse int64
+	// FleetSize is N, the processes the share divides the limit among.
+	FleetSize int
+}
+
+// Stats returns the limiter's counters.
+func (l *Limiter) Stats() Stats {
+	s := Stats{StoreCalls: l.calls.Load(), StoreErrors: l.errors.Load(), FleetSize: int(l.size.Load())}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for _, k := range l.keys {
+		held, inUse := split(k.word.Load())
+		s.Held += held
+		s.InUse += inUse
+	}
+	return s
+}
+
+// Close stops the limiter and gives every held slot back (bounded by
+// ctx). Slots acquired and not yet released go back too: the requests
+// holding them are no longer counted. Close is idempotent.
+func (l *Limiter) Close(ctx context.Context) error {
+	if !l.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(l.stop)
+	l.wg.Wait()
+	l.mu.RLock()
+	keys := make([]*slotKey, 0, len(l.keys))
+	for _, k := range l.keys {
+		keys = append(keys, k)
+	}
+	l.mu.RUnlock()
+	var failed int
+	for _, k := range keys {
+		if held, _ := split(k.word.Load()); held == 0 {
+			continue
+		}
+		if _, err := l.call(ctx, k, 0); err != nil {
+			failed++
+		}
+	}
+	if l.fleet != nil {
+		_ = l.fleet.Leave(ctx, l.cfg.prefix, l.name, l.holder)
+	}
+	if failed > 0 {
+		return errs.Errorf("inflight", "close: %d keys' slots not given back (they come back when their term ends): %w", failed, remote.ErrUnavailable)
+	}
+	return nil
+}
+
+// String names the limit.
+func (l *Limiter) String() string { return fmt.Sprintf("%s: %d in flight per key", l.name, l.slots) }

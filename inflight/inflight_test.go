@@ -1,0 +1,197 @@
+package inflight
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/remote"
+	"github.com/stretchr/testify/require"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+func newLimiter(t *testing.T, store remote.Store, slots int64, opts ...Option) *Limiter {
+	t.Helper()
+	l, err := New(store, "in-flight", slots, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
+}
+
+// crash stops l's background work without giving its slots back, as a
+// process that dies would.
+func crash(l *Limiter) {
+	if l.closed.CompareAndSwap(false, true) {
+		close(l.stop)
+		l.wg.Wait()
+	}
+}
+
+// TestAcquireRelease: one process under a limit of 3: three acquires
+// pass, the fourth does not, a release makes room; the store is asked
+// only when the held slots do not cover an acquire.
+func TestAcquireRelease(t *testing.T) {
+	clk := clock.NewManual(t0)
+	l := newLimiter(t, remote.NewMemory(clk), 3, WithClock(clk), WithFleetSize(1))
+	for i := range 3 {
+		require.True(t, l.TryAcquire("k", 1), "acquire %d", i)
+	}
+	require.False(t, l.TryAcquire("k", 1), "a fourth in flight under a limit of 3")
+	l.Release("k", 1)
+	require.True(t, l.TryAcquire("k", 1), "after a release")
+	l.Release("k", 3) // the third slot goes back: two are kept spare
+	require.Eventually(t, func() bool { return l.Stats().Held == 2 }, 5*time.Second, time.Millisecond)
+	k := l.key("k")
+	k.mu.Lock() // the give-back's call has returned
+	k.mu.Unlock()
+	calls := l.Stats().StoreCalls
+	for range 100 {
+		require.True(t, l.TryAcquire("k", 2))
+		l.Release("k", 2)
+	}
+	require.Equal(t, calls, l.Stats().StoreCalls, "acquires on held slots asked the store")
+}
+
+// TestFleetNeverHoldsMoreThanTheLimit: two processes share 4 slots. One
+// takes 3 and holds the fourth as its batch; the other gets nothing. The
+// first releases one and keeps it spare until its next check of the
+// store (every 250 ms) says the other waits, then gives the spares back.
+func TestFleetNeverHoldsMoreThanTheLimit(t *testing.T) {
+	clk := clock.NewManual(t0)
+	store := remote.NewMemory(clk)
+	a := newLimiter(t, store, 4, WithClock(clk), WithFleetSize(2))
+	b := newLimiter(t, store, 4, WithClock(clk), WithFleetSize(2))
+	require.True(t, a.TryAcquire("k", 3))
+	require.False(t, b.TryAcquire("k", 1), "a holds every slot, b took one")
+	a.Release("k", 1)
+	require.False(t, b.TryAcquire("k", 1), "a's spare went back before it knew b waits")
+	clk.Advance(spareCheck)
+	require.Eventually(t, func() bool {
+		clk.Advance(a.cfg.retry) // b asks again only after its retry interval
+		return b.TryAcquire("k", 2)
+	}, 5*time.Second, time.Millisecond, "a's released and spare slots never reached b")
+	require.False(t, a.TryAcquire("k", 1), "5 in flight under a limit of 4")
+	require.LessOrEqual(t, a.Stats().Held+b.Stats().Held, int64(4))
+}
+
+// TestCrashedHolderSlotsComeBackAfterTheTerm: a process that dies holding
+// slots keeps them counted until its term ends, never less, then the
+// others get them.
+func TestCrashedHolderSlotsComeBackAfterTheTerm(t *testing.T) {
+	clk := clock.NewManual(t0)
+	store := remote.NewMemory(clk)
+	term := time.Second
+	a := newLimiter(t, store, 4, WithClock(clk), WithFleetSize(2), WithTerm(term))
+	b := newLimiter(t, store, 4, WithClock(clk), WithFleetSize(2), WithTerm(term))
+	require.True(t, a.TryAcquire("k", 3))
+	crash(a)
+	require.False(t, b.TryAcquire("k", 2), "a's slots came back before its term")
+	retry := b.cfg.retry // b asks the store again only after its retry interval
+	clk.Advance(term - retry)
+	require.False(t, b.TryAcquire("k", 2), "a's slots came back before its term")
+	clk.Advance(retry)
+	require.True(t, b.TryAcquire("k", 4), "a's slots did not come back after its term")
+}
+
+// TestAcquireWaits: Acquire waits for a release in this process (woken at
+// once) or in another (found by its retries), and gives up with ctx.
+func TestAcquireWaits(t *testing.T) {
+	store := remote.NewMemory(clock.Real())
+	a := newLimiter(t, store, 2, WithFleetSize(2), WithRetry(5*time.Millisecond))
+	b := newLimiter(t, store, 2, WithFleetSize(2), WithRetry(5*time.Millisecond))
+	ctx := context.Background()
+	require.NoError(t, a.Acquire(ctx, "k", 2))
+	done := make(chan error, 2)
+	go func() { done <- a.Acquire(ctx, "k", 1) }()
+	go func() { done <- b.Acquire(ctx, "k", 1) }()
+	a.Release("k", 2)
+	for range 2 {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("a waiting Acquire was never served")
+		}
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, b.Acquire(short, "k", 1), context.DeadlineExceeded)
+}
+
+// TestAcquireOnHeldSlotAllocatesNothing: the fast path of TryAcquire and
+// Release.
+func TestAcquireOnHeldSlotAllocatesNothing(t *testing.T) {
+	l := newLimiter(t, remote.NewMemory(clock.Real()), 10, WithFleetSize(1))
+	require.True(t, l.TryAcquire("k", 1))
+	l.Release("k", 1)
+	if a := testing.AllocsPerRun(1000, func() {
+		l.TryAcquire("k", 1)
+		l.Release("k", 1)
+	}); a != 0 {
+		t.Fatalf("TryAcquire and Release on held slots allocate %v per pair", a)
+	}
+}
+
+// down is a store that fails every slot call while set.
+type down struct {
+	*remote.MemoryStore
+	off bool
+}
+
+func (d *down) Slots(ctx context.Context, r remote.SlotRequest) (remote.SlotResult, error) {
+	if d.off {
+		return remote.SlotResult{}, errors.Join(remote.ErrUnavailable, errors.New("down"))
+	}
+	return d.MemoryStore.Slots(ctx, r)
+}
+
+// TestStoreAway: held slots serve until their term; past it, a process
+// admits its share of the limit (10 among 4: 2).
+func TestStoreAway(t *testing.T) {
+	clk := clock.NewManual(t0)
+	st := &down{MemoryStore: remote.NewMemory(clk)}
+	l := newLimiter(t, st, 10, WithClock(clk), WithFleetSize(4), WithTerm(time.Second))
+	require.True(t, l.TryAcquire("k", 1)) // holds 1 + a batch of 1
+	st.off = true
+	require.True(t, l.TryAcquire("k", 1), "a held slot refused while the store is away")
+	l.Release("k", 2)
+	clk.Advance(2 * time.Second)
+	require.True(t, l.TryAcquire("k", 2), "the share of 2 refused")
+	require.False(t, l.TryAcquire("k", 1), "past the share while the store is away")
+}
+
+// TestBadInput: sentinel errors for bad n, options and names, and after
+// Close.
+func TestBadInput(t *testing.T) {
+	store := remote.NewMemory(clock.Real())
+	for _, tc := range []struct {
+		name  string
+		slots int64
+		opts  []Option
+		pname string
+	}{
+		{"no slots", 0, nil, "p"},
+		{"short term", 1, []Option{WithTerm(time.Millisecond)}, "p"},
+		{"no retry", 1, []Option{WithRetry(0)}, "p"},
+		{"no clock", 1, []Option{WithClock(nil)}, "p"},
+		{"empty name", 1, nil, ""},
+	} {
+		if _, err := New(store, tc.pname, tc.slots, tc.opts...); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", tc.name, err)
+		}
+	}
+	if _, err := New(struct{ remote.Store }{store}, "p", 1); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("a store without slots: %v, want ErrInvalidOption", err)
+	}
+	l := newLimiter(t, store, 3)
+	ctx := context.Background()
+	require.ErrorIs(t, l.Acquire(ctx, "k", 0), ErrInvalidN)
+	require.ErrorIs(t, l.Acquire(ctx, "k", 4), ErrInvalidN)
+	require.ErrorIs(t, l.Acquire(ctx, "", 1), remote.ErrInvalidKey)
+	require.NoError(t, l.Close(ctx))
+	require.ErrorIs(t, l.Acquire(ctx, "k", 1), ErrClosed)
+	require.False(t, l.TryAcquire("k", 1))
+}
