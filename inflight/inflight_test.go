@@ -46,8 +46,8 @@ func TestAcquireRelease(t *testing.T) {
 	require.Eventually(t, func() bool { return l.Stats().Held == 2 }, 5*time.Second, time.Millisecond)
 	k := l.key("k")
 	k.mu.Lock() // the give-back's call has returned
-	k.mu.Unlock()
 	calls := l.Stats().StoreCalls
+	k.mu.Unlock()
 	for range 100 {
 		require.True(t, l.TryAcquire("k", 2))
 		l.Release("k", 2)
