@@ -43,24 +43,7 @@ func TestActualCost(t *testing.T) {
 			return 60
 		}),
 	}
-	key := ByMetadata("x-tenant")
-	s := grpc.NewServer(grpc.UnaryInterceptor(UnaryServerInterceptor(lim, key, opts...)),
-		grpc.StreamInterceptor(StreamServerInterceptor(lim, key, opts...)))
-	hs := health.NewServer()
-	hs.SetServingStatus("up", healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(s, hs)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ln) }()
-	defer s.Stop()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := healthpb.NewHealthClient(conn)
+	c, s := serveHealth(t, lim, opts...)
 	ctx := tenant("acme")
 	if _, err := c.Check(ctx, &healthpb.HealthCheckRequest{Service: "up"}); err != nil {
 		t.Fatalf("a call that succeeds: %v", err)
@@ -112,24 +95,7 @@ func TestInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sem.Close(context.Background())
-	key := ByMetadata("x-tenant")
-	s := grpc.NewServer(grpc.UnaryInterceptor(UnaryServerInterceptor(lim, key, WithInFlight(sem))),
-		grpc.StreamInterceptor(StreamServerInterceptor(lim, key, WithInFlight(sem))))
-	hs := health.NewServer()
-	hs.SetServingStatus("up", healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(s, hs)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ln) }()
-	defer s.Stop()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := healthpb.NewHealthClient(conn)
+	c, _ := serveHealth(t, lim, WithInFlight(sem))
 	ctx := tenant("acme")
 	var cancels []context.CancelFunc
 	for range 2 {
@@ -158,4 +124,29 @@ func TestInFlight(t *testing.T) {
 		time.Sleep(time.Millisecond) // polling with a deadline: the stream's handler returns on its own
 	}
 	cancels[1]()
+}
+
+// serveHealth starts a loopback gRPC server of the health service ("up"
+// serving) behind both interceptors with opts, keyed by x-tenant, and
+// returns a client of it and the server; both end with the test.
+func serveHealth(t *testing.T, lim *hybrid.Limiter, opts ...Option) (healthpb.HealthClient, *grpc.Server) {
+	t.Helper()
+	key := ByMetadata("x-tenant")
+	s := grpc.NewServer(grpc.UnaryInterceptor(UnaryServerInterceptor(lim, key, opts...)),
+		grpc.StreamInterceptor(StreamServerInterceptor(lim, key, opts...)))
+	hs := health.NewServer()
+	hs.SetServingStatus("up", healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(s, hs)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(s.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return healthpb.NewHealthClient(conn), s
 }
