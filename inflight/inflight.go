@@ -157,19 +157,22 @@ func (l *Limiter) tryAcquire(ctx context.Context, key string, n int64) (bool, er
 	}
 }
 
-// take acquires n on k's held slots, or up to cap in use when cap > 0 (the
-// store is away).
+// take acquires n on k's held slots while their term lasts. When the
+// store is away (cap > 0) it uses the held slots until their term and only
+// then up to cap, the share: the holdings of a fleet that lost the store
+// together still sum to at most the limit until their terms end, and the
+// shares after.
 func (k *slotKey) take(now mono, n, cap int64) bool {
 	live := int64(now) < k.until.Load()
 	for {
 		w := k.word.Load()
 		held, inUse := split(w)
 		limit := held
-		if !live {
+		switch {
+		case !live && cap > 0:
+			limit = cap
+		case !live:
 			limit = 0
-		}
-		if cap > 0 {
-			limit = max(limit, cap)
 		}
 		if inUse+n > limit {
 			return false

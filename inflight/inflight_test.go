@@ -148,18 +148,23 @@ func (d *down) Slots(ctx context.Context, r remote.SlotRequest) (remote.SlotResu
 	return d.MemoryStore.Slots(ctx, r)
 }
 
-// TestStoreAway: held slots serve until their term; past it, a process
-// admits its share of the limit (10 among 4: 2).
+// TestStoreAway: while the store is away a process uses the slots it
+// holds until their term, and no more even when its share is larger (so a
+// fleet that lost the store together stays within the limit); past the
+// term it admits its share (10 among 2: 5).
 func TestStoreAway(t *testing.T) {
 	clk := clock.NewManual(t0)
 	st := &down{MemoryStore: remote.NewMemory(clk)}
-	l := newLimiter(t, st, 10, WithClock(clk), WithFleetSize(4), WithTerm(time.Second))
+	l := newLimiter(t, st, 10, WithClock(clk), WithFleetSize(2), WithTerm(time.Second))
 	require.True(t, l.TryAcquire("k", 1)) // holds 1 + a batch of 1
 	st.off = true
 	require.True(t, l.TryAcquire("k", 1), "a held slot refused while the store is away")
+	clk.Advance(l.cfg.retry)
+	require.False(t, l.TryAcquire("k", 1), "past the held slots before their term, while the store is away")
 	l.Release("k", 2)
 	clk.Advance(2 * time.Second)
-	require.True(t, l.TryAcquire("k", 2), "the share of 2 refused")
+	require.True(t, l.TryAcquire("k", 5), "the share of 5 refused after the term")
+	clk.Advance(l.cfg.retry)
 	require.False(t, l.TryAcquire("k", 1), "past the share while the store is away")
 }
 
