@@ -62,13 +62,17 @@ type Limiter struct {
 	mu   sync.RWMutex
 	keys map[string]*slotKey
 
-	size   atomic.Int64 // the fleet's size as last counted
-	calls  atomic.Int64
-	errors atomic.Int64
-	closed atomic.Bool
-	stop   chan struct{}
-	kick   chan *slotKey // keys with slots to give back
-	wg     sync.WaitGroup
+	size atomic.Int64 // the fleet's size as last counted
+	// failing: the last store call failed as unavailable; recoverUntil
+	// (mono): the end of the hold after an outage (see ceiling).
+	failing      atomic.Bool
+	recoverUntil atomic.Int64
+	calls        atomic.Int64
+	errors       atomic.Int64
+	closed       atomic.Bool
+	stop         chan struct{}
+	kick         chan *slotKey // keys with slots to give back
+	wg           sync.WaitGroup
 }
 
 // New returns a limit of slots in flight per key, named name (keys of two
@@ -148,7 +152,8 @@ func (l *Limiter) tryAcquire(ctx context.Context, key string, n int64) (bool, er
 	}
 	for {
 		k := l.key(key)
-		if k.take(l.now(), n, 0) {
+		now := l.now()
+		if k.take(now, n, 0, l.ceiling(now)) {
 			return true, nil
 		}
 		if ok, err, forgotten := l.slow(ctx, k, n); !forgotten {
@@ -162,7 +167,9 @@ func (l *Limiter) tryAcquire(ctx context.Context, key string, n int64) (bool, er
 // then up to cap, the share: the holdings of a fleet that lost the store
 // together still sum to at most the limit until their terms end, and the
 // shares after.
-func (k *slotKey) take(now mono, n, cap int64) bool {
+// ceiling bounds what is in use whatever the store grants (see
+// Limiter.ceiling).
+func (k *slotKey) take(now mono, n, cap, ceiling int64) bool {
 	live := int64(now) < k.until.Load()
 	for {
 		w := k.word.Load()
@@ -174,6 +181,7 @@ func (k *slotKey) take(now mono, n, cap int64) bool {
 		case !live:
 			limit = 0
 		}
+		limit = min(limit, ceiling)
 		if inUse+n > limit {
 			return false
 		}
@@ -195,7 +203,7 @@ func (l *Limiter) slow(ctx context.Context, k *slotKey, n int64) (ok bool, err e
 		return false, nil, true
 	}
 	now := l.now()
-	if k.take(now, n, 0) { // another caller's call brought them
+	if k.take(now, n, 0, l.ceiling(now)) { // another caller's call brought them
 		return true, nil, false
 	}
 	if r := k.refusedAt.Load(); r != 0 && now-mono(r-1) < mono(l.cfg.retry) {
@@ -208,11 +216,11 @@ func (l *Limiter) slow(ctx context.Context, k *slotKey, n int64) (ok bool, err e
 	}
 	if _, err := l.call(ctx, k, ask); err != nil {
 		if errors.Is(err, remote.ErrUnavailable) && ctx.Err() == nil {
-			return k.take(l.now(), n, l.share()), nil, false
+			return k.take(l.now(), n, l.share(), l.share()), nil, false
 		}
 		return false, err, false
 	}
-	if k.take(l.now(), n, 0) {
+	if now := l.now(); k.take(now, n, 0, l.ceiling(now)) {
 		return true, nil, false
 	}
 	k.refusedAt.Store(int64(now) + 1)
@@ -230,7 +238,16 @@ func (l *Limiter) call(ctx context.Context, k *slotKey, want int64) (remote.Slot
 		Holder: l.holder, Hold: want, Limit: l.slots, Term: l.cfg.term})
 	if err != nil {
 		l.errors.Add(1)
+		if errors.Is(err, remote.ErrUnavailable) {
+			l.failing.Store(true)
+		}
 		return res, err
+	}
+	if l.failing.Swap(false) {
+		// Back from an outage: the others may still be on their shares,
+		// which the store does not count; keep to the share for a term,
+		// by when each has called the store again or is cut off.
+		l.recoverUntil.Store(int64(l.now()) + int64(l.cfg.term))
 	}
 	k.full.Store(res.Waiting > 0)
 	for {
@@ -343,6 +360,17 @@ func (l *Limiter) spare(k *slotKey) int64 {
 		return 0
 	}
 	return 2 * l.batch()
+}
+
+// ceiling is the most a key may have in use at now whatever the store
+// grants: its share while a term has not passed since the store came back
+// from an outage, for until then the others may be deciding by their
+// shares, which the store does not count; no bound otherwise.
+func (l *Limiter) ceiling(now mono) int64 {
+	if int64(now) < l.recoverUntil.Load() {
+		return l.share()
+	}
+	return math.MaxInt64
 }
 
 // share is how many slots a key may have in use while the store is away:
