@@ -3,17 +3,13 @@ package grpclimit
 import (
 	"context"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/remote"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -31,21 +27,8 @@ func serve(t *testing.T) healthpb.HealthClient {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lim.Close(context.Background()) })
-	key := ByMetadata("x-tenant")
-	s := grpc.NewServer(grpc.UnaryInterceptor(UnaryServerInterceptor(lim, key)), grpc.StreamInterceptor(StreamServerInterceptor(lim, key)))
-	healthpb.RegisterHealthServer(s, health.NewServer())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(s.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return healthpb.NewHealthClient(conn)
+	c, _ := serveHealth(t, lim)
+	return c
 }
 
 func tenant(name string) context.Context {
