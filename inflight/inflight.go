@@ -162,13 +162,11 @@ func (l *Limiter) tryAcquire(ctx context.Context, key string, n int64) (bool, er
 	}
 }
 
-// take acquires n on k's held slots while their term lasts. When the
-// store is away (cap > 0) it uses the held slots until their term and only
-// then up to cap, the share: the holdings of a fleet that lost the store
-// together still sum to at most the limit until their terms end, and the
-// shares after.
-// ceiling bounds what is in use whatever the store grants (see
-// Limiter.ceiling).
+// take acquires n on k's held slots while their term lasts, never past
+// ceiling (see Limiter.ceiling). When the store is away (cap > 0) it uses
+// the held slots until their term and only then up to cap, the share: the
+// holdings of a fleet that lost the store together still sum to at most
+// the limit until their terms end, and the shares after.
 func (k *slotKey) take(now mono, n, cap, ceiling int64) bool {
 	live := int64(now) < k.until.Load()
 	for {
@@ -238,8 +236,8 @@ func (l *Limiter) call(ctx context.Context, k *slotKey, want int64) (remote.Slot
 		Holder: l.holder, Hold: want, Limit: l.slots, Term: l.cfg.term})
 	if err != nil {
 		l.errors.Add(1)
-		if errors.Is(err, remote.ErrUnavailable) {
-			l.failing.Store(true)
+		if errors.Is(err, remote.ErrUnavailable) && ctx.Err() == nil {
+			l.failing.Store(true) // not a caller that gave up
 		}
 		return res, err
 	}
@@ -270,6 +268,9 @@ func (l *Limiter) call(ctx context.Context, k *slotKey, want int64) (remote.Slot
 func (l *Limiter) Acquire(ctx context.Context, key string, n int64) error {
 	for {
 		ok, err := l.tryAcquire(ctx, key, n)
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
 		if err != nil || ok {
 			return err
 		}

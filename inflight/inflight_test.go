@@ -200,3 +200,19 @@ func TestBadInput(t *testing.T) {
 	require.ErrorIs(t, l.Acquire(ctx, "k", 1), ErrClosed)
 	require.False(t, l.TryAcquire("k", 1))
 }
+
+// TestCallerGivingUpIsNoOutage: a store call cut short by its caller's
+// context says nothing of the store: it starts no hold at the share after
+// the next answer (with it, 6 of 10 would be refused for a term at a share
+// of 5), and Acquire returns the context's error unchanged.
+func TestCallerGivingUpIsNoOutage(t *testing.T) {
+	clk := clock.NewManual(t0)
+	st := &down{MemoryStore: remote.NewMemory(clk)}
+	l := newLimiter(t, st, 10, WithClock(clk), WithFleetSize(2))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	st.off = true
+	require.Equal(t, context.Canceled, l.Acquire(ctx, "k", 1))
+	st.off = false
+	require.True(t, l.TryAcquire("k", 6), "a caller that gave up started a hold at the share")
+}
