@@ -9,7 +9,6 @@ import (
 	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/exact"
 	"github.com/leasehold/leasehold/internal/keys"
-	"github.com/redis/go-redis/v9"
 )
 
 // Concurrency limits. A key has Limit slots; each holder holds some of
@@ -88,48 +87,6 @@ func validateSlots(r *SlotRequest) error {
 	return nil
 }
 
-// slotsLua keeps a key's slots in a hash, holder → "count expiry_µs
-// want", by Redis TIME; want is the holding the holder last asked for, so
-// that holders learn that others wait (Waiting) and give back what they
-// hold beyond their use. slotsFor in slots.go is its Go twin; keep the two
-// in step. KEYS[1] the slots key; ARGV[1] holder; ARGV[2] hold; ARGV[3]
-// limit; ARGV[4] term in µs. Reply: {held, in use, waiting, now_s, now_us}.
-var slotsLua = `
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local holder, want, limit, term = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local all = redis.pcall('HGETALL', KEYS[1])
-if all.err then return redis.error_reply('LEASEHOLD_CORRUPT ' .. all.err) end
-local others, waiting, mine, last = 0, 0, 0, now
-for i = 1, #all, 2 do
-  local c, e, w = string.match(all[i + 1], '^(%d+) (%d+) (%d+)$')
-  if not c then return redis.error_reply('LEASEHOLD_CORRUPT slots record') end
-  c, e, w = tonumber(c), tonumber(e), tonumber(w)
-  if e <= now then
-    redis.call('HDEL', KEYS[1], all[i])
-  elseif all[i] == holder then
-    mine = c
-  else
-    others = others + c
-    if w > c then waiting = waiting + w - c end
-    if e > last then last = e end
-  end
-end
-local held = want
-if want > mine then held = math.max(mine, math.min(want, limit - others)) end
-if held > 0 or want > 0 then
-  redis.call('HSET', KEYS[1], holder, string.format('%.0f %.0f %.0f', held, now + term, want))
-  if now + term > last then last = now + term end
-else
-  redis.call('HDEL', KEYS[1], holder)
-end
-if last > now then redis.call('PEXPIRE', KEYS[1], math.ceil((last - now) / 1000) + 1000) end
-return {held, others + held, waiting, t[1], t[2]}
-`
-
-var slotsScript = redis.NewScript(slotsLua)
-
 // Slots implements Slotter.
 func (s *RedisStore) Slots(ctx context.Context, r SlotRequest) (SlotResult, error) {
 	if err := validateSlots(&r); err != nil {
@@ -192,7 +149,7 @@ func (s *MemoryStore) Slots(ctx context.Context, r SlotRequest) (SlotResult, err
 	return res, nil
 }
 
-// slotsFor is slotsLua on hs at now.
+// slotsFor is slotsLua (scripts.go) on hs at now.
 func slotsFor(hs map[string]memHolding, now micros, holder string, want, limit int64, term micros) SlotResult {
 	var others, waiting, mine int64
 	for id, h := range hs {
