@@ -10,13 +10,15 @@ import (
 // background renews held slots every quarter of the term, and every
 // spareCheck the holdings of keys with spare slots, so that they learn
 // when others wait; it gives back slots a release left over at once,
-// forgets idle keys, and counts the fleet every heartbeat interval.
-// Its timers are made by start, before it runs, so that they count from
-// New on the limiter's clock.
-func (l *Limiter) background(tick, beat clock.Timer) {
+// forgets idle keys, counts the fleet every heartbeat interval, and reads
+// the policy's record every poll interval and when a store reply names a
+// newer version. Its timers are made by start, before it runs, so that
+// they count from New on the limiter's clock.
+func (l *Limiter) background(tick, beat, poll clock.Timer) {
 	defer l.wg.Done()
 	defer tick.Stop()
 	defer beat.Stop()
+	defer poll.Stop()
 	every := l.tickEvery()
 	var sinceRenew time.Duration
 	for {
@@ -25,7 +27,7 @@ func (l *Limiter) background(tick, beat clock.Timer) {
 			return
 		case k := <-l.kick:
 			k.queued.Store(false)
-			l.adjust(k, false)
+			l.adjust(k, k.renew.Swap(false))
 		case <-tick.C():
 			sinceRenew += every
 			all := sinceRenew >= l.cfg.term/4
@@ -37,15 +39,20 @@ func (l *Limiter) background(tick, beat clock.Timer) {
 		case <-beat.C():
 			l.heartbeat()
 			beat.Reset(heartbeatEvery)
+		case <-poll.C():
+			_ = l.refresh(context.Background()) // an error: the next poll tries again
+			poll.Reset(l.cfg.poll)
+		case <-l.reread:
+			_ = l.refresh(context.Background())
 		}
 	}
 }
 
 // start arms the background's timers and runs it.
 func (l *Limiter) start() {
-	tick, beat := l.cfg.clk.NewTimer(l.tickEvery()), l.cfg.clk.NewTimer(0)
+	tick, beat, poll := l.cfg.clk.NewTimer(l.tickEvery()), l.cfg.clk.NewTimer(0), l.cfg.clk.NewTimer(0)
 	l.wg.Add(1)
-	go l.background(tick, beat)
+	go l.background(tick, beat, poll)
 }
 
 func (l *Limiter) tickEvery() time.Duration { return min(l.cfg.term/4, spareCheck) }

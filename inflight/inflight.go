@@ -3,7 +3,7 @@
 // this tenant in flight"), in the shape of golang.org/x/sync/semaphore:
 // Acquire, TryAcquire, Release, per key.
 //
-// A process leases slots in batches from the store (remote.Slotter) and
+// A process leases slots in batches from the store and
 // acquires and releases locally while it holds them: an acquire on a held
 // slot is one compare-and-swap, with no store call and no allocation.
 // Slots beyond what the key uses plus a small batch go back at once. The
@@ -15,11 +15,17 @@
 // term, counted from when it asked.
 //
 // When the store cannot be reached, a process keeps using the slots it
-// holds until their term, and past it admits up to its share of the limit
-// (Slots/N, N the fleet size from WithFleetSize or the store's heartbeats)
-// in flight, so the fleet stays near the limit; slots still in use when a
-// term ends without a renewal may be granted to others meanwhile, which is
-// the price of not waiting on a store that is away.
+// holds until their term, and once a term has passed since its first
+// failed call (when every holding live at the outage has ended) admits up
+// to its share of the limit (Slots/N, N the fleet size from WithFleetSize
+// or the store's heartbeats) in flight, so a fleet that lost the store
+// together stays within the limit. A process cut off alone uses its share
+// while the others go on holding slots at the store: slots still in use
+// when a term ends without a renewal may be granted to others meanwhile,
+// which is the price of not waiting on a store that is away.
+//
+// A Policy (NewWithPolicy) names the limit, its version and its tiers
+// (WithTier); SetPolicy changes it for the whole fleet.
 package inflight
 
 import (
@@ -28,7 +34,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,20 +58,25 @@ var (
 // for concurrent use.
 type Limiter struct {
 	cfg    config
-	store  remote.Slotter
+	store  backend
 	fleet  remote.Fleet // nil when the store keeps no fleet or WithFleetSize is set
 	name   string
-	slots  int64
 	holder string
 	epoch  time.Time
+
+	policy atomic.Pointer[Policy]
+	synced atomic.Bool   // the store's policy record has been read
+	reread chan struct{} // a store reply named a newer policy version
 
 	mu   sync.RWMutex
 	keys map[string]*slotKey
 
 	size atomic.Int64 // the fleet's size as last counted
-	// failing: the last store call failed as unavailable; recoverUntil
-	// (mono): the end of the hold after an outage (see ceiling).
+	// failing: the last store call failed as unavailable, first at
+	// failedAt (mono); recoverUntil (mono): the end of the hold after an
+	// outage (see ceiling).
 	failing      atomic.Bool
+	failedAt     atomic.Int64
 	recoverUntil atomic.Int64
 	calls        atomic.Int64
 	errors       atomic.Int64
@@ -76,27 +87,39 @@ type Limiter struct {
 }
 
 // New returns a limit of slots in flight per key, named name (keys of two
-// limits with one name share their slots), kept in store, which must be a
-// remote.Slotter (remote.NewRedis and remote.NewMemory are).
+// limits with one name share their slots), kept in store: a
+// *remote.RedisStore (standalone or Cluster) or a *remote.MemoryStore. It
+// is NewWithPolicy with Policy{Name: name, Slots: slots, Version: 1}.
 func New(store remote.Store, name string, slots int64, opts ...Option) (*Limiter, error) {
+	return NewWithPolicy(store, Policy{Name: name, Slots: slots, Version: 1}, opts...)
+}
+
+// NewWithPolicy returns a concurrency limit under p, which the fleet can
+// change with SetPolicy; a newer version in the store wins over p, and so
+// does a different record of the same version (logged).
+func NewWithPolicy(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	st, ok := store.(remote.Slotter)
-	if !ok {
-		return nil, errs.Errorf("inflight", "%w: store %T keeps no slots", ErrInvalidOption, store)
+	p.Version = max(p.Version, 1)
+	if err := p.Validate(); err != nil {
+		return nil, err
 	}
-	if slots < 1 || slots > math.MaxInt32 {
-		return nil, errs.Errorf("inflight", "%w: slots %d must be in 1..2^31-1", ErrInvalidOption, slots)
-	}
-	if err := keys.ValidateNames(cfg.prefix, name); err != nil {
+	if err := keys.ValidateNames(cfg.prefix, p.Name); err != nil {
 		return nil, errs.Errorf("inflight", "%w: %w", ErrInvalidOption, err)
+	}
+	st, err := backendOf(store)
+	if err != nil {
+		return nil, err
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	l := &Limiter{cfg: cfg, store: st, name: name, slots: slots, holder: hex.EncodeToString(id[:]),
+	name := p.Name
+	p.Tiers = maps.Clone(p.Tiers)
+	l := &Limiter{cfg: cfg, store: st, name: name, holder: hex.EncodeToString(id[:]), reread: make(chan struct{}, 1),
 		epoch: cfg.clk.Now(), keys: map[string]*slotKey{}, stop: make(chan struct{}), kick: make(chan *slotKey, 256)}
+	l.policy.Store(&p)
 	if f, ok := store.(remote.Fleet); ok && cfg.fleetSize == 0 {
 		l.fleet = f
 	}
@@ -116,6 +139,7 @@ func (l *Limiter) now() mono { return mono(l.cfg.clk.Now().Sub(l.epoch)) }
 // every successful change, except while the store is away (see share).
 type slotKey struct {
 	key     string
+	tier    atomic.Pointer[string] // the tier its slots are under
 	word    atomic.Uint64
 	until   atomic.Int64 // mono: held slots are usable before then
 	usedAt  atomic.Int64 // mono: last acquire
@@ -130,7 +154,16 @@ type slotKey struct {
 	// full: the store's last answer said other processes wait for slots;
 	// the key then keeps no spare slots, so that they move to them.
 	full atomic.Bool
+	// over: the store's last answer said the fleet holds more than the
+	// key's limit (it was lowered): slots released go back to the store
+	// and every acquire asks it, until the holdings are under the limit.
+	over atomic.Bool
+	// renew: the next give-back call is made even if nothing changed
+	// (a lowered limit: the answer says whether the fleet is over it).
+	renew atomic.Bool
 }
+
+func (k *slotKey) tierName() string { return *k.tier.Load() }
 
 func split(w uint64) (held, inUse int64) { return int64(w >> 32), int64(uint32(w)) }
 func pack(held, inUse int64) uint64      { return uint64(held)<<32 | uint64(uint32(inUse)) }
@@ -144,16 +177,26 @@ func (l *Limiter) TryAcquire(key string, n int64) bool {
 }
 
 func (l *Limiter) tryAcquire(ctx context.Context, key string, n int64) (bool, error) {
-	if n < 1 || n > l.slots {
-		return false, errs.Errorf("inflight", "acquire %d of %.64q, limit %d: %w", n, key, l.slots, ErrInvalidN)
-	}
 	if l.closed.Load() {
 		return false, ErrClosed
 	}
 	for {
-		k := l.key(key)
+		k, err := l.key(key)
+		if err != nil {
+			return false, err
+		}
+		tier := k.tierName()
+		if l.cfg.tierOf != nil {
+			if t := l.cfg.tierOf(key); t != tier {
+				tier = l.retier(ctx, k, t)
+			}
+		}
+		slots := l.policy.Load().slotsOf(tier)
+		if n < 1 || n > slots {
+			return false, errs.Errorf("inflight", "acquire %d of %.64q, limit %d: %w", n, key, slots, ErrInvalidN)
+		}
 		now := l.now()
-		if k.take(now, n, 0, l.ceiling(now)) {
+		if !k.over.Load() && k.take(now, n, 0, l.ceiling(now, slots)) {
 			return true, nil
 		}
 		if ok, err, forgotten := l.slow(ctx, k, n); !forgotten {
@@ -192,54 +235,120 @@ func (k *slotKey) take(now mono, n, cap, ceiling int64) bool {
 
 // slow asks the store to raise k's holding to cover n plus a batch, then
 // takes n; while the store is away it takes n within the share.
-// forgotten reports k dropped from the limiter meanwhile (see forgetIdle):
-// the caller looks the key up again.
+// forgotten reports k dropped from the limiter meanwhile (see forgetIdle)
+// or moved to another tier: the caller looks the key up again.
 func (l *Limiter) slow(ctx context.Context, k *slotKey, n int64) (ok bool, err error, forgotten bool) {
+	if !l.synced.Load() {
+		_ = l.refresh(ctx) // the first store call of a limiter learns the store's policy first
+	}
+	tier := k.tierName()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.word.Load() == tombstone {
+	if k.word.Load() == tombstone || k.tierName() != tier {
 		return false, nil, true
 	}
+	slots := l.policy.Load().slotsOf(tier)
 	now := l.now()
-	if k.take(now, n, 0, l.ceiling(now)) { // another caller's call brought them
+	over := k.over.Load()
+	if !over && k.take(now, n, 0, l.ceiling(now, slots)) { // another caller's call brought them
 		return true, nil, false
 	}
 	if r := k.refusedAt.Load(); r != 0 && now-mono(r-1) < mono(l.cfg.retry) {
 		return false, nil, false // the store had no room a moment ago
 	}
+	if over {
+		// Held slots beyond those in use do not count while the fleet is
+		// over a lowered limit: give them back, and ask only once the
+		// store's answer says the fleet is under it.
+		if _, err := l.call(ctx, k, l.lower(k, 0)); err != nil {
+			ok, err := l.away(ctx, k, n, slots, err)
+			return ok, err, false
+		}
+		if k.over.Load() {
+			k.refusedAt.Store(int64(now) + 1)
+			return false, nil, false
+		}
+	}
 	_, inUse := split(k.word.Load())
 	ask := inUse + n
 	if !k.full.Load() {
-		ask += l.batch()
+		ask += l.batch(slots)
 	}
 	if _, err := l.call(ctx, k, ask); err != nil {
-		if errors.Is(err, remote.ErrUnavailable) && ctx.Err() == nil {
-			return k.take(l.now(), n, l.share(), l.share()), nil, false
-		}
-		return false, err, false
+		ok, err := l.away(ctx, k, n, slots, err)
+		return ok, err, false
 	}
-	if now := l.now(); k.take(now, n, 0, l.ceiling(now)) {
+	if now := l.now(); !k.over.Load() && k.take(now, n, 0, l.ceiling(now, slots)) {
 		return true, nil, false
 	}
 	k.refusedAt.Store(int64(now) + 1)
 	return false, nil, false
 }
 
+// away decides an acquire whose store call failed with err: while the
+// store is unavailable, on the slots held until their term, and within
+// the share once a term has passed since the first failed call, by when
+// every other holder's slots have expired too if the whole fleet lost the
+// store (with a process's own term alone, a process on its share and one
+// still on its held slots could pass the limit together); err when the
+// caller gave up or the store answered with an error.
+func (l *Limiter) away(ctx context.Context, k *slotKey, n, slots int64, err error) (bool, error) {
+	if errors.Is(err, remote.ErrUnavailable) && ctx.Err() == nil {
+		now, share, cap := l.now(), l.share(slots), l.share(slots)
+		if int64(now) < l.failedAt.Load()+int64(l.cfg.term) {
+			cap = 0
+		}
+		return k.take(now, n, cap, share), nil
+	}
+	return false, err
+}
+
+// retier moves k to tier once nothing of it is in use in this process,
+// giving back what it holds under its old tier; it returns the tier k is
+// under after it: the old one while requests under it are in flight.
+func (l *Limiter) retier(ctx context.Context, k *slotKey, tier string) string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	old := k.tierName()
+	if held, inUse := split(k.word.Load()); inUse > 0 || k.word.Load() == tombstone {
+		return old
+	} else if held > 0 {
+		if _, err := l.call(ctx, k, 0); err != nil {
+			return old // the old tier still counts them: try again later
+		}
+	}
+	k.tier.Store(&tier)
+	k.word.Store(0)
+	k.until.Store(0)
+	k.refusedAt.Store(0)
+	k.full.Store(false)
+	return tier
+}
+
 // call sets k's holding at the store to want (at least what is in use) and
 // records the answer: held and the term's end.
-func (l *Limiter) call(ctx context.Context, k *slotKey, want int64) (remote.SlotResult, error) {
+func (l *Limiter) call(ctx context.Context, k *slotKey, want int64) (slotReply, error) {
 	sent := l.now()
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
 	defer cancel()
 	l.calls.Add(1)
-	res, err := l.store.Slots(cctx, remote.SlotRequest{Prefix: l.cfg.prefix, Policy: l.name, Key: k.key,
-		Holder: l.holder, Hold: want, Limit: l.slots, Term: l.cfg.term})
+	p, tier := l.policy.Load(), k.tierName()
+	res, err := l.store.slots(cctx, slotRequest{key: keys.Slots(l.cfg.prefix, l.name, tier, k.key),
+		holder: l.holder, hold: want, limit: p.slotsOf(tier), version: p.Version, term: l.cfg.term})
 	if err != nil {
 		l.errors.Add(1)
 		if errors.Is(err, remote.ErrUnavailable) && ctx.Err() == nil {
-			l.failing.Store(true) // not a caller that gave up
+			if !l.failing.Swap(true) { // not a caller that gave up
+				l.failedAt.Store(int64(sent))
+			}
 		}
 		return res, err
+	}
+	if res.version > p.Version {
+		select { // the background reads the newer policy
+		case l.reread <- struct{}{}:
+		default:
+		}
 	}
 	if l.failing.Swap(false) {
 		// Back from an outage: the others may still be on their shares,
@@ -247,11 +356,12 @@ func (l *Limiter) call(ctx context.Context, k *slotKey, want int64) (remote.Slot
 		// by when each has called the store again or is cut off.
 		l.recoverUntil.Store(int64(l.now()) + int64(l.cfg.term))
 	}
-	k.full.Store(res.Waiting > 0)
+	k.full.Store(res.waiting > 0)
+	k.over.Store(res.inUse > res.limit)
 	for {
 		w := k.word.Load()
 		_, inUse := split(w)
-		if k.word.CompareAndSwap(w, pack(res.Held, inUse)) {
+		if k.word.CompareAndSwap(w, pack(res.held, inUse)) {
 			break
 		}
 	}
@@ -274,7 +384,10 @@ func (l *Limiter) Acquire(ctx context.Context, key string, n int64) error {
 		if err != nil || ok {
 			return err
 		}
-		k := l.key(key)
+		k, err := l.key(key)
+		if err != nil {
+			return err
+		}
 		k.waitMu.Lock()
 		if k.waiters == nil {
 			k.waiters = make(chan struct{})
@@ -313,12 +426,14 @@ func (l *Limiter) Release(key string, n int64) {
 		w := k.word.Load()
 		held, inUse := split(w)
 		if k.word.CompareAndSwap(w, pack(held, max(inUse-n, 0))) {
-			if held-(inUse-n) > l.spare(k) && k.queued.CompareAndSwap(false, true) {
-				select {
-				case l.kick <- k:
-				default:
-					k.queued.Store(false) // the next renewal gives them back
-				}
+			if k.over.Load() {
+				// The fleet is over a lowered limit: the slot is not
+				// reused, and the next acquire asks the store again.
+				l.lower(k, 0)
+				k.refusedAt.Store(0)
+			}
+			if held-(inUse-n) > l.spare(k) {
+				l.queue(k)
 			}
 			break
 		}
@@ -331,52 +446,73 @@ func (l *Limiter) Release(key string, n int64) {
 	k.waitMu.Unlock()
 }
 
-// key returns key's slots, made on first use.
-func (l *Limiter) key(key string) *slotKey {
+// queue asks the background to bring k's holding down to its use.
+func (l *Limiter) queue(k *slotKey) {
+	if k.queued.CompareAndSwap(false, true) {
+		select {
+		case l.kick <- k:
+		default:
+			k.queued.Store(false) // the next renewal gives them back
+		}
+	}
+}
+
+// key returns key's slots, made on first use under the tier WithTier
+// names.
+func (l *Limiter) key(key string) (*slotKey, error) {
 	l.mu.RLock()
 	k := l.keys[key]
 	l.mu.RUnlock()
 	if k != nil {
-		return k
+		return k, nil
+	}
+	if err := keys.Validate(l.cfg.prefix, l.name, key); err != nil {
+		return nil, errs.Errorf("inflight", "acquire %.64q: %w", key, err)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if k = l.keys[key]; k == nil {
 		k = &slotKey{key: key}
+		tier := ""
+		if l.cfg.tierOf != nil {
+			tier = l.cfg.tierOf(key)
+		}
+		k.tier.Store(&tier)
 		l.keys[key] = k
 	}
-	return k
+	return k, nil
 }
 
 // batch is how many slots a key asks for beyond what it needs: a quarter
 // of the limit's part among the fleet, at least 1. A key keeps up to two
 // batches spare (see spare): the band keeps a steady load from calling
 // the store at each swing of what is in flight.
-func (l *Limiter) batch() int64 { return max(1, l.slots/(4*l.size.Load())) }
+func (l *Limiter) batch(slots int64) int64 { return max(1, slots/(4*l.size.Load())) }
 
 // spare is how many slots k keeps beyond what it uses: two batches, none
-// while other processes wait for slots.
+// while other processes wait for slots or the fleet is over the limit.
 func (l *Limiter) spare(k *slotKey) int64 {
-	if k.full.Load() {
+	if k.full.Load() || k.over.Load() {
 		return 0
 	}
-	return 2 * l.batch()
+	return 2 * l.batch(l.policy.Load().slotsOf(k.tierName()))
 }
 
-// ceiling is the most a key may have in use at now whatever the store
-// grants: its share while a term has not passed since the store came back
-// from an outage, for until then the others may be deciding by their
-// shares, which the store does not count; no bound otherwise.
-func (l *Limiter) ceiling(now mono) int64 {
+// ceiling is the most a key under a limit of slots may have in use at now
+// whatever it holds: the limit (a holding from before a lowering may be
+// above it), or its share while a term has not passed since the store
+// came back from an outage, for until then the others may be deciding by
+// their shares, which the store does not count.
+func (l *Limiter) ceiling(now mono, slots int64) int64 {
 	if int64(now) < l.recoverUntil.Load() {
-		return l.share()
+		return l.share(slots)
 	}
-	return math.MaxInt64
+	return slots
 }
 
 // share is how many slots a key may have in use while the store is away:
 // the limit divided among the fleet, at least 1.
-func (l *Limiter) share() int64 { return max(1, l.slots/l.size.Load()) }
+func (l *Limiter) share(slots int64) int64 { return max(1, slots/l.size.Load()) }
 
 // Stats counts a limiter's store calls.
 type Stats struct {
@@ -435,4 +571,6 @@ func (l *Limiter) Close(ctx context.Context) error {
 }
 
 // String names the limit.
-func (l *Limiter) String() string { return fmt.Sprintf("%s: %d in flight per key", l.name, l.slots) }
+func (l *Limiter) String() string {
+	return fmt.Sprintf("%s: %d in flight per key", l.name, l.policy.Load().Slots)
+}

@@ -3,6 +3,7 @@ package inflight
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,7 +45,7 @@ func TestAcquireRelease(t *testing.T) {
 	require.True(t, l.TryAcquire("k", 1), "after a release")
 	l.Release("k", 3) // the third slot goes back: two are kept spare
 	require.Eventually(t, func() bool { return l.Stats().Held == 2 }, 5*time.Second, time.Millisecond)
-	k := l.key("k")
+	k, _ := l.key("k")
 	k.mu.Lock() // the give-back's call has returned
 	calls := l.Stats().StoreCalls
 	k.mu.Unlock()
@@ -135,17 +136,25 @@ func TestAcquireOnHeldSlotAllocatesNothing(t *testing.T) {
 	}
 }
 
-// down is a store that fails every slot call while set.
+// down is a MemoryStore whose slot and policy calls fail while off is
+// set.
 type down struct {
 	*remote.MemoryStore
-	off bool
+	off atomic.Bool
 }
 
-func (d *down) Slots(ctx context.Context, r remote.SlotRequest) (remote.SlotResult, error) {
-	if d.off {
-		return remote.SlotResult{}, errors.Join(remote.ErrUnavailable, errors.New("down"))
+func (d *down) slots(ctx context.Context, r slotRequest) (slotReply, error) {
+	if d.off.Load() {
+		return slotReply{}, errors.Join(remote.ErrUnavailable, errors.New("down"))
 	}
-	return d.MemoryStore.Slots(ctx, r)
+	return memoryBackend{d.MemoryStore}.slots(ctx, r)
+}
+
+func (d *down) policy(ctx context.Context, key, rec string, version uint64) (string, error) {
+	if d.off.Load() {
+		return "", errors.Join(remote.ErrUnavailable, errors.New("down"))
+	}
+	return memoryBackend{d.MemoryStore}.policy(ctx, key, rec, version)
 }
 
 // TestStoreAway: while the store is away a process uses the slots it
@@ -157,7 +166,7 @@ func TestStoreAway(t *testing.T) {
 	st := &down{MemoryStore: remote.NewMemory(clk)}
 	l := newLimiter(t, st, 10, WithClock(clk), WithFleetSize(2), WithTerm(time.Second))
 	require.True(t, l.TryAcquire("k", 1)) // holds 1 + a batch of 1
-	st.off = true
+	st.off.Store(true)
 	require.True(t, l.TryAcquire("k", 1), "a held slot refused while the store is away")
 	clk.Advance(l.cfg.retry)
 	require.False(t, l.TryAcquire("k", 1), "past the held slots before their term, while the store is away")
@@ -166,6 +175,32 @@ func TestStoreAway(t *testing.T) {
 	require.True(t, l.TryAcquire("k", 5), "the share of 5 refused after the term")
 	clk.Advance(l.cfg.retry)
 	require.False(t, l.TryAcquire("k", 1), "past the share while the store is away")
+}
+
+// TestStoreAwayTermsEndApart: the whole fleet loses the store while A's
+// term ends before B's. A may not take its share when its own term ends,
+// while B still uses the 7 it holds (5 + 7 in flight under a limit of
+// 10): only a term after its first failed call, when every holding that
+// was live at the outage has ended.
+func TestStoreAwayTermsEndApart(t *testing.T) {
+	clk := clock.NewManual(t0)
+	shared := remote.NewMemory(clk)
+	sa, sb := &down{MemoryStore: shared}, &down{MemoryStore: shared}
+	opts := []Option{WithClock(clk), WithFleetSize(2), WithTerm(time.Second)}
+	a := newLimiter(t, sa, 10, opts...)
+	b := newLimiter(t, sb, 10, opts...)
+	require.True(t, a.TryAcquire("k", 1)) // holds 2 until t0+0.99s
+	clk.Advance(100 * time.Millisecond)
+	require.True(t, b.TryAcquire("k", 7)) // holds 8 until t0+1.09s
+	sa.off.Store(true)
+	sb.off.Store(true)
+	require.False(t, a.TryAcquire("k", 2), "past A's held slots") // A's first failure, at t0+0.1s
+	for range 4 {
+		clk.Advance(225 * time.Millisecond) // t0+1.0s: A's term is over, B's is not
+	}
+	require.False(t, a.TryAcquire("k", 4), "A took its share while B's term runs: 5 + 7 in flight under 10")
+	clk.Advance(150 * time.Millisecond) // t0+1.15s: a term after A's first failure
+	require.True(t, a.TryAcquire("k", 4), "A's share of 5 refused a term after its first failure")
 }
 
 // TestBadInput: sentinel errors for bad n, options and names, and after
@@ -211,8 +246,8 @@ func TestCallerGivingUpIsNoOutage(t *testing.T) {
 	l := newLimiter(t, st, 10, WithClock(clk), WithFleetSize(2))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	st.off = true
+	st.off.Store(true)
 	require.Equal(t, context.Canceled, l.Acquire(ctx, "k", 1))
-	st.off = false
+	st.off.Store(false)
 	require.True(t, l.TryAcquire("k", 6), "a caller that gave up started a hold at the share")
 }

@@ -22,7 +22,6 @@ type MemoryStore struct {
 	records  memRecords // a tier's pools and region records
 	regions  memRegions
 	policies memPolicies
-	slots    memSlots
 	mu       struct {
 		sync.Mutex
 		buckets map[string]memBucket

@@ -45,13 +45,14 @@ const (
 
 // The kinds of internal keys, the suffix after "}:".
 const (
-	kindPolicy = "policy" // the current policy record (a string)
-	kindFleet  = "fleet"  // live limiters of a policy (a sorted set)
-	kindWorld  = "world"  // region weights at a parent store (a hash)
-	kindRegion = "region" // a region's copy of the world's weight and its beat claim
-	kindPool   = "pool"   // a region's pool for one bucket
-	kindGrants = "grants" // a bucket's capacity grants
-	kindSlots  = "slots"  // a concurrency limit's slots, by holder (a hash)
+	kindPolicy      = "policy"       // the current policy record (a string)
+	kindFleet       = "fleet"        // live limiters of a policy (a sorted set)
+	kindWorld       = "world"        // region weights at a parent store (a hash)
+	kindRegion      = "region"       // a region's copy of the world's weight and its beat claim
+	kindPool        = "pool"         // a region's pool for one bucket
+	kindGrants      = "grants"       // a bucket's capacity grants
+	kindSlots       = "slots"        // a concurrency limit's slots, by holder (a hash)
+	kindSlotsPolicy = "slots-policy" // a concurrency limit's policy record (a string)
 )
 
 // Bucket returns the key of a bucket, prefix{policy:key}, or under a tier
@@ -185,3 +186,6 @@ func ValidateTier(name string) error {
 	}
 	return nil
 }
+
+// SlotsPolicy returns the key of a concurrency limit's policy record.
+func SlotsPolicy(prefix, policy string) string { return internal(prefix, policy, kindSlotsPolicy) }
