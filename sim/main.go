@@ -126,6 +126,7 @@ func runOne(s *Scenario, seed uint64, out string, stdout, stderr io.Writer) (*re
 	rec.auditTable(stdout)
 	rec.regionTable(stdout)
 	rec.costTable(stdout)
+	rec.slotTable(stdout)
 	files, err := rec.writePlots(out)
 	if err != nil {
 		return nil, "", fmt.Errorf("plot: %w", err)

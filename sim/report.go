@@ -62,7 +62,10 @@ type recorder struct {
 
 	// Costed traffic: every change of the charged cost, and the charges
 	// running now and at most.
-	costs               []costEvent
+	costs []costEvent
+	// In-flight traffic: the audit, and the requests in flight now.
+	slots               slotAudit
+	slotsNow            int64
 	running, maxRunning int
 }
 
@@ -371,6 +374,7 @@ func (r *recorder) verdict() []string {
 	miss = append(miss, r.auditMisses()...)
 	miss = append(miss, r.regionMisses()...)
 	miss = append(miss, r.costMisses()...)
+	miss = append(miss, r.slotMisses()...)
 	if t.RecoveryMaxS > 0 && r.faultEnd > 0 {
 		switch {
 		case r.recoveredAt < 0:

@@ -177,6 +177,9 @@ type TrafficSpec struct {
 	// Cost, if set, charges each request an estimate and settles its
 	// actual cost when its work ends (see costs.go).
 	Cost *CostSpec `json:"cost"`
+	// InFlight, if set, limits the source's requests in flight across
+	// the fleet instead of their rate (see inflight.go).
+	InFlight *InFlightSpec `json:"in_flight"`
 }
 
 // rateAt is the source's per-process rate at t (seconds), before skew.
@@ -264,6 +267,13 @@ type Targets struct {
 	// CostUtilizationMinPct is, for costed traffic, the least share of
 	// Rate·t the settled costs reach over the run.
 	CostUtilizationMinPct float64 `json:"cost_utilization_min_pct"`
+	// InFlightSpikeUtilizationMinPct is, for in-flight traffic, the least
+	// mean in flight during the work spike, in percent of the limit (a
+	// run never has more in flight than the limit).
+	InFlightSpikeUtilizationMinPct float64 `json:"in_flight_spike_utilization_min_pct"`
+	// InFlightCallsPer1000Max bounds the in-flight limiters' store calls
+	// per 1 000 admitted requests before the spike.
+	InFlightCallsPer1000Max float64 `json:"in_flight_calls_per_1000_max"`
 	// WindowUtilizationMinPct is, for audited policies, the least share
 	// of each binding limit a window of its period must admit once a whole
 	// period has passed under it (see the window audit); audits always

@@ -14,6 +14,7 @@ import (
 	"github.com/leasehold/leasehold/breaker"
 	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/inflight"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/leasehold/leasehold/remote/tiered"
 )
@@ -38,6 +39,7 @@ type process struct {
 	id     int
 	region int // index in the world's regions; 0 without regions
 	lim    *hybrid.Limiter
+	slots  *inflight.Limiter // in-flight traffic only
 	clk    *skewClock
 	store  *faultStore
 	tiered *tiered.Store // the process's store in a tiered world
@@ -72,6 +74,8 @@ type world struct {
 	sched   *sched
 	// settles are the costed charges in flight (see costs.go).
 	settles settleQueue
+	// releases are the requests holding slots (see inflight.go).
+	releases releaseQueue
 }
 
 type timedAction struct {
@@ -121,7 +125,9 @@ func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*
 		w.runActions(now)
 		w.rec.beginStep(now)
 		w.settleDue(now)
+		w.releaseDue(now)
 		w.offer(now)
+		w.slotStep(now, w.dt)
 		w.clk.Advance(w.dt)
 		w.rec.endStep(now + w.dt)
 		if progress != nil && step%1000 == 0 {
@@ -131,6 +137,10 @@ func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*
 	for _, p := range w.procs {
 		if p.alive || p.crashed {
 			_ = p.lim.Close(w.ctx)
+		}
+		if p.slots != nil {
+			w.rec.slots.calls += p.slots.Stats().StoreCalls
+			_ = p.slots.Close(w.ctx)
 		}
 	}
 	for _, p := range w.procs {
@@ -218,7 +228,7 @@ func (w *world) start(p *process) error {
 		return fmt.Errorf("process %d: %w", p.id, err)
 	}
 	p.lim, p.alive = lim, true
-	return nil
+	return w.slotLimiter(p)
 }
 
 func (w *world) alive() []*process {
@@ -385,6 +395,10 @@ func (w *world) offer(now time.Duration) {
 					} else {
 						key = w.keys[ti][w.rng.IntN(t.Keys)]
 					}
+				}
+				if t.InFlight != nil {
+					w.acquire(now, p, key, t.InFlight)
+					continue
 				}
 				p.store.lastLatency = 0
 				var d hybrid.Decision
