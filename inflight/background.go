@@ -7,52 +7,104 @@ import (
 	"github.com/leasehold/leasehold/clock"
 )
 
-// background renews held slots every quarter of the term, and every
-// spareCheck the holdings of keys with spare slots, so that they learn
-// when others wait; it gives back slots a release left over at once,
-// forgets idle keys, counts the fleet every heartbeat interval, and reads
-// the policy's record every poll interval and when a store reply names a
-// newer version. Its timers are made by start, before it runs, so that
-// they count from New on the limiter's clock.
-func (l *Limiter) background(tick, beat, poll clock.Timer) {
-	defer l.wg.Done()
-	defer tick.Stop()
-	defer beat.Stop()
-	defer poll.Stop()
+// The background work runs in timer callbacks on the limiter's clock
+// (clock.AfterFunc): renewals every quarter of the term and, for tight
+// keys holding spare slots, every spareCheck, so that they learn when
+// others wait; give-backs a release left over, at once; forgetting idle
+// keys; counting the fleet every heartbeat interval; reading the policy's
+// record every poll interval and when a store reply names a newer
+// version. On a manual clock (tests, the simulator) it all runs inside
+// Advance, in virtual time, and a run replays exactly.
+
+// start arms the background's timers, counting from New.
+func (l *Limiter) start() {
 	every := l.tickEvery()
 	var sinceRenew time.Duration
+	l.every(every, func() {
+		sinceRenew += every
+		all := sinceRenew >= l.cfg.term/4
+		if all {
+			sinceRenew = 0
+		}
+		l.renewAll(all)
+	})
+	l.every(heartbeatEvery, l.heartbeat)
+	l.every(l.cfg.poll, l.reread) // an error: the next poll tries again
+	l.soon(l.heartbeat)
+	l.soon(l.reread)
+}
+
+func (l *Limiter) reread() { _ = l.refresh(context.Background()) }
+
+// every runs f every d until Close; a run that starts before Close ends
+// before Close returns.
+func (l *Limiter) every(d time.Duration, f func()) {
+	var t clock.Timer
+	var run func()
+	run = func() {
+		if !l.enter() {
+			return
+		}
+		defer l.wg.Done()
+		f()
+		l.timersMu.Lock()
+		defer l.timersMu.Unlock()
+		if !l.closed.Load() {
+			t.Reset(d)
+		}
+	}
+	l.timersMu.Lock()
+	defer l.timersMu.Unlock()
+	t = l.cfg.clk.AfterFunc(d, run)
+	l.timers = append(l.timers, t)
+}
+
+// enter registers a background run, unless the limiter is closed.
+func (l *Limiter) enter() bool {
+	l.timersMu.Lock()
+	defer l.timersMu.Unlock()
+	if l.closed.Load() {
+		return false
+	}
+	l.wg.Add(1)
+	return true
+}
+
+// soon runs f once, in a timer callback a nanosecond from now (at the
+// next Advance of a manual clock, never inside the caller, which may hold
+// a key's lock), unless the limiter is closed by then.
+func (l *Limiter) soon(f func()) {
+	l.cfg.clk.AfterFunc(time.Nanosecond, func() {
+		if !l.enter() {
+			return
+		}
+		defer l.wg.Done()
+		f()
+	})
+}
+
+// stopBackground stops the timers and waits for runs under way.
+func (l *Limiter) stopBackground() {
+	l.timersMu.Lock()
+	for _, t := range l.timers {
+		t.Stop()
+	}
+	l.timersMu.Unlock()
+	l.wg.Wait()
+}
+
+// drainKicks gives back what the releases queued in kick left over.
+func (l *Limiter) drainKicks() {
+	l.kicking.Store(false)
 	for {
 		select {
-		case <-l.stop:
-			return
 		case k := <-l.kick:
 			k.queued.Store(false)
 			l.adjust(k, k.renew.Swap(false))
-		case <-tick.C():
-			sinceRenew += every
-			all := sinceRenew >= l.cfg.term/4
-			if all {
-				sinceRenew = 0
-			}
-			l.renewAll(all)
-			tick.Reset(every)
-		case <-beat.C():
-			l.heartbeat()
-			beat.Reset(heartbeatEvery)
-		case <-poll.C():
-			_ = l.refresh(context.Background()) // an error: the next poll tries again
-			poll.Reset(l.cfg.poll)
-		case <-l.reread:
-			_ = l.refresh(context.Background())
+		default:
+			return
 		}
 	}
-}
-
-// start arms the background's timers and runs it.
-func (l *Limiter) start() {
-	tick, beat, poll := l.cfg.clk.NewTimer(l.tickEvery()), l.cfg.clk.NewTimer(0), l.cfg.clk.NewTimer(0)
-	l.wg.Add(1)
-	go l.background(tick, beat, poll)
 }
 
 func (l *Limiter) tickEvery() time.Duration { return min(l.cfg.term/4, spareCheck) }
@@ -77,14 +129,14 @@ func (l *Limiter) heartbeat() {
 	}
 }
 
-// renewAll renews the holding of every key (all) or of keys holding
+// renewAll renews the holding of every key (all) or of tight keys holding
 // spare slots, and then forgets keys idle for a quarter of the term with
 // nothing held or in use.
 func (l *Limiter) renewAll(all bool) {
 	l.mu.RLock()
 	keys := make([]*slotKey, 0, len(l.keys))
 	for _, k := range l.keys {
-		if held, inUse := split(k.word.Load()); all || held > inUse {
+		if held, inUse := split(k.word.Load()); all || held > inUse && k.tight.Load() {
 			keys = append(keys, k)
 		}
 	}

@@ -39,6 +39,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
 	"github.com/leasehold/leasehold/remote"
@@ -64,9 +65,10 @@ type Limiter struct {
 	holder string
 	epoch  time.Time
 
-	policy atomic.Pointer[Policy]
-	synced atomic.Bool   // the store's policy record has been read
-	reread chan struct{} // a store reply named a newer policy version
+	policy    atomic.Pointer[Policy]
+	synced    atomic.Bool // the store's policy record has been read and compared
+	syncMu    sync.Mutex  // held by the first comparison
+	rereading atomic.Bool // a reread is scheduled: a store reply named a newer policy version
 
 	mu   sync.RWMutex
 	keys map[string]*slotKey
@@ -81,9 +83,14 @@ type Limiter struct {
 	calls        atomic.Int64
 	errors       atomic.Int64
 	closed       atomic.Bool
-	stop         chan struct{}
+	stop         chan struct{} // closed by Close: wakes blocked Acquires
 	kick         chan *slotKey // keys with slots to give back
-	wg           sync.WaitGroup
+	kicking      atomic.Bool   // a drainKicks is scheduled
+	// The background's timers (see start); timersMu orders Close
+	// against runs starting and timers being re-armed.
+	timersMu sync.Mutex
+	timers   []clock.Timer
+	wg       sync.WaitGroup
 }
 
 // New returns a limit of slots in flight per key, named name (keys of two
@@ -117,16 +124,27 @@ func NewWithPolicy(store remote.Store, p Policy, opts ...Option) (*Limiter, erro
 	_, _ = rand.Read(id[:])
 	name := p.Name
 	p.Tiers = maps.Clone(p.Tiers)
-	l := &Limiter{cfg: cfg, store: st, name: name, holder: hex.EncodeToString(id[:]), reread: make(chan struct{}, 1),
+	l := &Limiter{cfg: cfg, store: st, name: name, holder: hex.EncodeToString(id[:]),
 		epoch: cfg.clk.Now(), keys: map[string]*slotKey{}, stop: make(chan struct{}), kick: make(chan *slotKey, 256)}
 	l.policy.Store(&p)
 	if f, ok := store.(remote.Fleet); ok && cfg.fleetSize == 0 {
 		l.fleet = f
 	}
 	l.size.Store(int64(max(cfg.fleetSize, 1)))
+	if l.fleet != nil {
+		// Until the first heartbeat counts the fleet, batches and shares
+		// are sized for a large one: the first acquires of a fleet that
+		// starts together would otherwise each ask for a quarter of the
+		// limit, and slots would move back and forth while renewals trim
+		// them.
+		l.size.Store(uncountedFleet)
+	}
 	l.start()
 	return l, nil
 }
+
+// uncountedFleet is the fleet size assumed before the first heartbeat.
+const uncountedFleet = 16
 
 // mono is a reading of the limiter's clock, in nanoseconds since New.
 type mono int64
@@ -154,6 +172,13 @@ type slotKey struct {
 	// full: the store's last answer said other processes wait for slots;
 	// the key then keeps no spare slots, so that they move to them.
 	full atomic.Bool
+	// tight: the store's last answer found less than a quarter of the
+	// limit free, or others waiting. Only a tight key holding spare
+	// slots checks every spareCheck whether others wait for them: with
+	// more free, another process's ask is met from the free slots, and
+	// this key's next call (every swing of its load past its band makes
+	// one, and renewals come every quarter term) sees any change.
+	tight atomic.Bool
 	// over: the store's last answer said the fleet holds more than the
 	// key's limit (it was lowered): slots released go back to the store
 	// and every acquire asks it, until the holdings are under the limit.
@@ -271,7 +296,7 @@ func (l *Limiter) slow(ctx context.Context, k *slotKey, n int64) (ok bool, err e
 	}
 	_, inUse := split(k.word.Load())
 	ask := inUse + n
-	if !k.full.Load() {
+	if !k.full.Load() && !k.over.Load() {
 		ask += l.batch(slots)
 	}
 	if _, err := l.call(ctx, k, ask); err != nil {
@@ -344,11 +369,11 @@ func (l *Limiter) call(ctx context.Context, k *slotKey, want int64) (slotReply, 
 		}
 		return res, err
 	}
-	if res.version > p.Version {
-		select { // the background reads the newer policy
-		case l.reread <- struct{}{}:
-		default:
-		}
+	if res.version > p.Version && l.rereading.CompareAndSwap(false, true) {
+		l.soon(func() { // read the newer policy
+			l.rereading.Store(false)
+			l.reread()
+		})
 	}
 	if l.failing.Swap(false) {
 		// Back from an outage: the others may still be on their shares,
@@ -358,6 +383,7 @@ func (l *Limiter) call(ctx context.Context, k *slotKey, want int64) (slotReply, 
 	}
 	k.full.Store(res.waiting > 0)
 	k.over.Store(res.inUse > res.limit)
+	k.tight.Store(res.waiting > 0 || res.limit-res.inUse < max(1, res.limit/4))
 	for {
 		w := k.word.Load()
 		_, inUse := split(w)
@@ -432,7 +458,7 @@ func (l *Limiter) Release(key string, n int64) {
 				l.lower(k, 0)
 				k.refusedAt.Store(0)
 			}
-			if held-(inUse-n) > l.spare(k) {
+			if held-(inUse-n) > l.giveBackAbove(k) {
 				l.queue(k)
 			}
 			break
@@ -451,6 +477,9 @@ func (l *Limiter) queue(k *slotKey) {
 	if k.queued.CompareAndSwap(false, true) {
 		select {
 		case l.kick <- k:
+			if l.kicking.CompareAndSwap(false, true) {
+				l.soon(l.drainKicks)
+			}
 		default:
 			k.queued.Store(false) // the next renewal gives them back
 		}
@@ -496,6 +525,17 @@ func (l *Limiter) spare(k *slotKey) int64 {
 		return 0
 	}
 	return 2 * l.batch(l.policy.Load().slotsOf(k.tierName()))
+}
+
+// giveBackAbove is how many unused slots k holds before a release gives
+// the spare beyond them back at once: its spare when tight, twice that
+// otherwise, so that a load swinging within the band costs no store call
+// (the renewal every quarter term trims the rest).
+func (l *Limiter) giveBackAbove(k *slotKey) int64 {
+	if k.tight.Load() {
+		return l.spare(k)
+	}
+	return 2 * l.spare(k)
 }
 
 // ceiling is the most a key under a limit of slots may have in use at now
@@ -544,8 +584,10 @@ func (l *Limiter) Close(ctx context.Context) error {
 	if !l.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	l.timersMu.Lock()
 	close(l.stop)
-	l.wg.Wait()
+	l.timersMu.Unlock()
+	l.stopBackground()
 	l.mu.RLock()
 	keys := make([]*slotKey, 0, len(l.keys))
 	for _, k := range l.keys {

@@ -197,14 +197,24 @@ func (l *Limiter) refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	first := l.synced.CompareAndSwap(false, true)
-	code := *cur
-	code.Version = stored.Version
-	if first && !stored.Equal(code) {
-		l.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "leasehold: the in-flight policy in code differs from the store's record; the record wins",
-			slog.String("policy", l.name), slog.String("code", cur.record()), slog.String("store", rec))
+	if !l.synced.Load() {
+		// The first read compares the record with the policy in code;
+		// a second reader waits for its outcome.
+		l.syncMu.Lock()
+		defer l.syncMu.Unlock()
+		if !l.synced.Load() {
+			code := *l.policy.Load()
+			code.Version = stored.Version
+			if !stored.Equal(code) {
+				l.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "leasehold: the in-flight policy in code differs from the store's record; the record wins",
+					slog.String("policy", l.name), slog.String("code", cur.record()), slog.String("store", rec))
+			}
+			l.adopt(stored, true)
+			l.synced.Store(true)
+			return nil
+		}
 	}
-	l.adopt(stored, first)
+	l.adopt(stored, false)
 	return nil
 }
 
