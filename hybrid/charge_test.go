@@ -136,9 +136,10 @@ func TestChargeSettleDuringOutage(t *testing.T) {
 	require.Equal(t, debt+15+4, l.Stats().OutageDebt, "outage debt after a refund of 6")
 }
 
-// TestChargeSettleShapesAndTiers: a sliding window gets no refund back
-// (the tokens count in their window until it passes) and is debited an
-// extra; a key under a tier settles into its tier's bucket.
+// TestChargeSettleShapesAndTiers: a sliding window, and a key under
+// several limits, get no refund back (the tokens count in their window
+// until it passes) and are debited an extra on every limit; a key under a
+// tier settles into its tier's bucket.
 func TestChargeSettleShapesAndTiers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -168,6 +169,38 @@ func TestChargeSettleShapesAndTiers(t *testing.T) {
 		d, err = l.AllowN(ctx, "k", 5)
 		require.NoError(t, err)
 		require.True(t, d.Allowed, "the window refused its last 5: %+v", d)
+	})
+	t.Run("several limits", func(t *testing.T) {
+		// 100 a minute and 90 an hour: a refund is not given back, an
+		// extra is debited to both, and the hour's, the tighter after
+		// it, decides.
+		w := newFakeWorld()
+		l := w.limiter(t, Policy{Name: "settle-also", Limit: Limit{Rate: 100, Period: time.Minute, Burst: 100},
+			Also: []Limit{{Rate: 90, Period: time.Hour, Burst: 90}}})
+		ch, err := l.ChargeN(ctx, "k", 50)
+		require.NoError(t, err)
+		require.True(t, ch.Allowed)
+		quiesce(t, l)
+		calls := l.Stats().StoreCalls
+		require.NoError(t, ch.Settle(40))
+		require.Equal(t, calls, l.Stats().StoreCalls, "a refund under several limits made a store call")
+		ch, err = l.ChargeN(ctx, "k", 20)
+		require.NoError(t, err)
+		require.True(t, ch.Allowed)
+		quiesce(t, l)
+		e := l.keys.load("k")
+		lease := e.lease.Tokens()
+		require.NoError(t, ch.Settle(30))
+		// The extra comes from the lease, the rest is debited.
+		eventually(t, "the debit", func() bool { return l.Stats().TokensDebited == max(10-lease, 0) })
+		// 50 + 20 charged and 10 more settled: the hour holds 10 more
+		// (leased or in the bucket), the minute 20.
+		d, err := l.AllowN(ctx, "k", 11)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "the hour admitted 11 with 80 of 90 used: %+v", d)
+		d, err = l.AllowN(ctx, "k", 10)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "the hour refused its last 10: %+v", d)
 	})
 	t.Run("tiers", func(t *testing.T) {
 		w := newFakeWorld()

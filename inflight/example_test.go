@@ -36,3 +36,36 @@ func Example() {
 	// true
 	// the third runs
 }
+
+// Plans with their own caps, changed for the whole fleet while it runs:
+// free tenants may have 1 request in flight, paid ones 3, and the paid
+// cap is then raised to 4 by a new policy version.
+func ExampleLimiter_SetPolicy() {
+	ctx := context.Background()
+	plan := map[string]string{"acme": "paid", "bob": "free"}
+	lim, err := inflight.NewWithPolicy(remote.NewMemory(clock.Real()),
+		inflight.Policy{Name: "plans-in-flight", Slots: 1, Tiers: map[string]int64{"free": 1, "paid": 3}},
+		inflight.WithTier(func(tenant string) string { return plan[tenant] }))
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close(ctx)
+
+	running := func(tenant string) (n int) {
+		for lim.TryAcquire(tenant, 1) {
+			n++
+		}
+		lim.Release(tenant, int64(n))
+		return n
+	}
+	fmt.Println("bob:", running("bob"), "acme:", running("acme"))
+	p := lim.Policy()
+	p.Tiers["paid"], p.Version = 4, p.Version+1
+	if err := lim.SetPolicy(ctx, p); err != nil {
+		panic(err)
+	}
+	fmt.Println("acme after the change:", running("acme"))
+	// Output:
+	// bob: 1 acme: 3
+	// acme after the change: 4
+}

@@ -221,7 +221,8 @@ func (l *Limiter) refresh(ctx context.Context) error {
 // adopt switches to p if it is newer than the policy in force (or, the
 // first time the store's record is read, if it differs), and has every
 // key whose limit went down tell the store at once: the answer says
-// whether the fleet holds more than the new limit (see slotKey.over).
+// whether the fleet holds more than the new limit (see slotKey.over); a
+// key whose limit went up forgets its last refusal.
 func (l *Limiter) adopt(p Policy, first bool) {
 	next := &p
 	var prev *Policy
@@ -239,7 +240,11 @@ func (l *Limiter) adopt(p Policy, first bool) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	for _, k := range l.keys {
-		if tier := k.tierName(); p.slotsOf(tier) < prev.slotsOf(tier) {
+		tier := k.tierName()
+		if p.slotsOf(tier) > prev.slotsOf(tier) {
+			k.refusedAt.Store(0) // a refusal under the old limit says nothing now
+		}
+		if p.slotsOf(tier) < prev.slotsOf(tier) {
 			k.renew.Store(true)
 			l.queue(k)
 		}
