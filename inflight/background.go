@@ -133,14 +133,12 @@ func (l *Limiter) heartbeat() {
 // spare slots, and then forgets keys idle for a quarter of the term with
 // nothing held or in use.
 func (l *Limiter) renewAll(all bool) {
-	l.mu.RLock()
-	keys := make([]*slotKey, 0, len(l.keys))
-	for _, k := range l.keys {
+	var keys []*slotKey
+	for _, k := range l.keys.all() {
 		if held, inUse := split(k.word.Load()); all || held > inUse && k.tight.Load() {
 			keys = append(keys, k)
 		}
 	}
-	l.mu.RUnlock()
 	for _, k := range keys {
 		l.adjust(k, true)
 	}
@@ -199,14 +197,12 @@ func (l *Limiter) lower(k *slotKey, want int64) int64 {
 // word turns away a caller that found the key just before, which then
 // looks it up again.
 func (l *Limiter) forgetIdle() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for key, k := range l.keys {
+	for _, k := range l.keys.all() {
 		if !k.mu.TryLock() {
 			continue // a store call is under way: not idle
 		}
 		if k.word.CompareAndSwap(0, tombstone) {
-			delete(l.keys, key)
+			l.keys.delete(k)
 		}
 		k.mu.Unlock()
 	}

@@ -5,7 +5,8 @@
 //
 // A process leases slots in batches from the store and
 // acquires and releases locally while it holds them: an acquire on a held
-// slot is one compare-and-swap, with no store call and no allocation.
+// slot is a clock read and a compare-and-swap, with no store call, lock or
+// allocation.
 // Slots beyond what the key uses plus a small batch go back at once. The
 // process holds its slots under a term the store counts by its own clock
 // and that the process renews every quarter of it, so the slots of a
@@ -70,8 +71,7 @@ type Limiter struct {
 	syncMu    sync.Mutex  // held by the first comparison
 	rereading atomic.Bool // a reread is scheduled: a store reply named a newer policy version
 
-	mu   sync.RWMutex
-	keys map[string]*slotKey
+	keys keyMap
 
 	size atomic.Int64 // the fleet's size as last counted
 	// failing: the last store call failed as unavailable, first at
@@ -125,7 +125,7 @@ func NewWithPolicy(store remote.Store, p Policy, opts ...Option) (*Limiter, erro
 	name := p.Name
 	p.Tiers = maps.Clone(p.Tiers)
 	l := &Limiter{cfg: cfg, store: st, name: name, holder: hex.EncodeToString(id[:]),
-		epoch: cfg.clk.Now(), keys: map[string]*slotKey{}, stop: make(chan struct{}), kick: make(chan *slotKey, 256)}
+		epoch: cfg.clk.Now(), stop: make(chan struct{}), kick: make(chan *slotKey, 256)}
 	l.policy.Store(&p)
 	if f, ok := store.(remote.Fleet); ok && cfg.fleetSize == 0 {
 		l.fleet = f
@@ -159,12 +159,13 @@ type slotKey struct {
 	key     string
 	tier    atomic.Pointer[string] // the tier its slots are under
 	word    atomic.Uint64
-	until   atomic.Int64 // mono: held slots are usable before then
-	usedAt  atomic.Int64 // mono: last acquire
-	mu      sync.Mutex   // one store call at a time
-	waiters chan struct{}
+	until   atomic.Int64  // mono: held slots are usable before then
+	usedAt  atomic.Int64  // mono: last acquire
+	mu      sync.Mutex    // one store call at a time
+	waiters chan struct{} // closed by a release, to wake blocked Acquires
 	waitMu  sync.Mutex
-	queued  atomic.Bool // in the give-back queue
+	nwait   atomic.Int32 // Acquires blocked on waiters: a release takes waitMu only if some are
+	queued  atomic.Bool  // in the give-back queue
 	// refusedAt: 1 + when a store call last found no room for an
 	// acquire; within the retry interval after it, acquires that do not
 	// fit the held slots are refused without asking again.
@@ -252,7 +253,11 @@ func (k *slotKey) take(now mono, n, cap, ceiling int64) bool {
 			return false
 		}
 		if k.word.CompareAndSwap(w, pack(held, inUse+n)) {
-			k.usedAt.Store(int64(now))
+			// Idle is counted in quarters of a term: a write per
+			// millisecond is plenty, and spares a contended cache line.
+			if int64(now)-k.usedAt.Load() > int64(time.Millisecond) {
+				k.usedAt.Store(int64(now))
+			}
 			return true
 		}
 	}
@@ -419,20 +424,29 @@ func (l *Limiter) Acquire(ctx context.Context, key string, n int64) error {
 			k.waiters = make(chan struct{})
 		}
 		ch := k.waiters
+		k.nwait.Add(1)
 		k.waitMu.Unlock()
-		t := l.cfg.clk.NewTimer(l.cfg.retry)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-l.stop:
-			t.Stop()
-			return ErrClosed
-		case <-ch:
-		case <-t.C():
+		err = l.wait(ctx, ch)
+		k.nwait.Add(-1)
+		if err != nil {
+			return err
 		}
-		t.Stop()
 	}
+}
+
+// wait waits for a release (ch), the retry interval, ctx or Close.
+func (l *Limiter) wait(ctx context.Context, ch chan struct{}) error {
+	t := l.cfg.clk.NewTimer(l.cfg.retry)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-l.stop:
+		return ErrClosed
+	case <-ch:
+	case <-t.C():
+	}
+	return nil
 }
 
 // Release gives back n slots of key that this process acquired. Slots
@@ -442,9 +456,7 @@ func (l *Limiter) Release(key string, n int64) {
 	if n < 1 {
 		return
 	}
-	l.mu.RLock()
-	k := l.keys[key]
-	l.mu.RUnlock()
+	k := l.keys.load(key)
 	if k == nil {
 		return
 	}
@@ -463,6 +475,9 @@ func (l *Limiter) Release(key string, n int64) {
 			}
 			break
 		}
+	}
+	if k.nwait.Load() == 0 {
+		return // a blocked Acquire counts itself before it waits
 	}
 	k.waitMu.Lock()
 	if k.waiters != nil {
@@ -489,28 +504,48 @@ func (l *Limiter) queue(k *slotKey) {
 // key returns key's slots, made on first use under the tier WithTier
 // names.
 func (l *Limiter) key(key string) (*slotKey, error) {
-	l.mu.RLock()
-	k := l.keys[key]
-	l.mu.RUnlock()
-	if k != nil {
+	if k := l.keys.load(key); k != nil {
 		return k, nil
 	}
 	if err := keys.Validate(l.cfg.prefix, l.name, key); err != nil {
 		return nil, errs.Errorf("inflight", "acquire %.64q: %w", key, err)
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if k = l.keys[key]; k == nil {
-		k = &slotKey{key: key}
-		tier := ""
-		if l.cfg.tierOf != nil {
-			tier = l.cfg.tierOf(key)
-		}
-		k.tier.Store(&tier)
-		l.keys[key] = k
+	k := &slotKey{key: key}
+	tier := ""
+	if l.cfg.tierOf != nil {
+		tier = l.cfg.tierOf(key)
 	}
-	return k, nil
+	k.tier.Store(&tier)
+	return l.keys.loadOrStore(key, k), nil
 }
+
+// keyMap is the limiter's keys: lock-free reads, since every acquire and
+// release looks its key up.
+type keyMap struct{ m sync.Map }
+
+func (m *keyMap) load(key string) *slotKey {
+	if v, ok := m.m.Load(key); ok {
+		return v.(*slotKey)
+	}
+	return nil
+}
+
+func (m *keyMap) loadOrStore(key string, k *slotKey) *slotKey {
+	v, _ := m.m.LoadOrStore(key, k)
+	return v.(*slotKey)
+}
+
+// all returns every key.
+func (m *keyMap) all() []*slotKey {
+	var ks []*slotKey
+	m.m.Range(func(_, v any) bool {
+		ks = append(ks, v.(*slotKey))
+		return true
+	})
+	return ks
+}
+
+func (m *keyMap) delete(k *slotKey) { m.m.CompareAndDelete(k.key, k) }
 
 // batch is how many slots a key asks for beyond what it needs: a quarter
 // of the limit's part among the fleet, at least 1. A key keeps up to two
@@ -567,9 +602,7 @@ type Stats struct {
 // Stats returns the limiter's counters.
 func (l *Limiter) Stats() Stats {
 	s := Stats{StoreCalls: l.calls.Load(), StoreErrors: l.errors.Load(), FleetSize: int(l.size.Load())}
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	for _, k := range l.keys {
+	for _, k := range l.keys.all() {
 		held, inUse := split(k.word.Load())
 		s.Held += held
 		s.InUse += inUse
@@ -588,12 +621,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 	close(l.stop)
 	l.timersMu.Unlock()
 	l.stopBackground()
-	l.mu.RLock()
-	keys := make([]*slotKey, 0, len(l.keys))
-	for _, k := range l.keys {
-		keys = append(keys, k)
-	}
-	l.mu.RUnlock()
+	keys := l.keys.all()
 	var failed int
 	for _, k := range keys {
 		if held, _ := split(k.word.Load()); held == 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/semaphore"
 )
 
 var t0 = time.Unix(1_700_000_000, 0)
@@ -246,4 +247,60 @@ func TestCallerGivingUpIsNoOutage(t *testing.T) {
 	require.Equal(t, context.Canceled, l.Acquire(ctx, "k", 1))
 	st.off.Store(false)
 	require.True(t, l.TryAcquire("k", 6), "a caller that gave up started a hold at the share")
+}
+
+// BenchmarkAcquireRelease: a TryAcquire and a Release on held slots, one
+// goroutine and all of them on one key; golang.org/x/sync/semaphore's
+// TryAcquire and Release, local to the process, in the same run.
+func BenchmarkAcquireRelease(b *testing.B) {
+	sem := semaphore.NewWeighted(1 << 20)
+	b.Run("impl=x-sync-semaphore/serial", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if !sem.TryAcquire(1) {
+				b.Fatal("refused")
+			}
+			sem.Release(1)
+		}
+	})
+	b.Run("impl=x-sync-semaphore/parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if !sem.TryAcquire(1) {
+					b.Error("refused")
+					return
+				}
+				sem.Release(1)
+			}
+		})
+	})
+	l, err := New(remote.NewMemory(clock.Real()), "bench-in-flight", 1<<20, WithFleetSize(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	l.TryAcquire("k", 1<<18) // holds a band wide enough for every goroutine
+	l.Release("k", 1<<18)
+	b.Run("impl=inflight/serial", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if !l.TryAcquire("k", 1) {
+				b.Fatal("refused")
+			}
+			l.Release("k", 1)
+		}
+	})
+	b.Run("impl=inflight/parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if !l.TryAcquire("k", 1) {
+					b.Error("refused")
+					return
+				}
+				l.Release("k", 1)
+			}
+		})
+	})
 }

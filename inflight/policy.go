@@ -237,9 +237,7 @@ func (l *Limiter) adopt(p Policy, first bool) {
 	}
 	l.cfg.logger.LogAttrs(context.Background(), slog.LevelInfo, "leasehold: in-flight policy change",
 		slog.String("policy", p.Name), slog.String("record", p.record()))
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	for _, k := range l.keys {
+	for _, k := range l.keys.all() {
 		tier := k.tierName()
 		if p.slotsOf(tier) > prev.slotsOf(tier) {
 			k.refusedAt.Store(0) // a refusal under the old limit says nothing now
