@@ -3,8 +3,11 @@ package hybrid
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/leasehold/leasehold/clock"
 )
 
 // TestWaitSleepsExactlyRetryAfter: on an exhausted key Wait blocks until the
@@ -13,20 +16,20 @@ func TestWaitSleepsExactlyRetryAfter(t *testing.T) {
 	t.Parallel()
 	w := newFakeWorld()
 	p := Policy{Name: "wait", Limit: Limit{Rate: 1, Period: time.Second, Burst: 1}}
-	l := w.limiter(t, p, WithMaxReservation(0))
+	spy := &newTimerSpy{Manual: w.clk}
+	l := w.limiter(t, p, WithMaxReservation(0), WithClock(spy))
 	ctx := context.Background()
 	if !l.Allow(ctx, "k") {
 		t.Fatal("first Allow rejected")
 	}
-	// The first Allow's refill may still arm timers of its own: count the
-	// limiter's timers once it is done (a fresh-clone make test once saw
-	// Pending rise for such a timer, not Wait's, and Wait never woke).
-	quiesce(t, l)
-	background := w.clk.Pending() // the limiter's own ticks
 	done := make(chan error, 1)
 	go func() { done <- l.Wait(ctx, "k") }()
-	// Wait has asked the store, learned "empty for 1 s", and set a timer.
-	eventually(t, "Wait to sleep", func() bool { return w.clk.Pending() > background })
+	// Wait has asked the store, learned "empty for 1 s", and set its
+	// timer: the only one of a second made by NewTimer (the background's
+	// are AfterFuncs, a store call's deadline is shorter). Counting
+	// timers of every kind once mistook another for Wait's: the clock
+	// moved while Wait decided, and its timer fell past the advances.
+	eventually(t, "Wait to sleep", func() bool { return spy.made.Load() > 0 })
 	w.clk.Advance(999 * time.Millisecond)
 	select {
 	case err := <-done:
@@ -42,6 +45,20 @@ func TestWaitSleepsExactlyRetryAfter(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Wait did not return once the token was due")
 	}
+}
+
+// newTimerSpy is a manual clock that counts the timers of a second or
+// more NewTimer made.
+type newTimerSpy struct {
+	*clock.Manual
+	made atomic.Int32
+}
+
+func (s *newTimerSpy) NewTimer(d time.Duration) clock.Timer {
+	if d >= time.Second {
+		s.made.Add(1)
+	}
+	return s.Manual.NewTimer(d)
 }
 
 func TestWaitHonoursContext(t *testing.T) {
