@@ -39,9 +39,8 @@ func (l *Limiter) reread() { _ = l.refresh(context.Background()) }
 // every runs f every d until Close; a run that starts before Close ends
 // before Close returns.
 func (l *Limiter) every(d time.Duration, f func()) {
-	var t clock.Timer
-	var run func()
-	run = func() {
+	var t clock.Timer // set under timersMu before run can read it
+	run := func() {
 		if !l.enter() {
 			return
 		}

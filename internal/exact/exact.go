@@ -42,19 +42,20 @@ func Reduce(rate int64, period time.Duration, burst int64) (Micros, error) {
 	per := int64(period / time.Microsecond)
 	g := gcd(rate, per)
 	m := Micros{Rate: rate / g, Per: per / g, Burst: burst}
-	show := fmt.Sprintf("%d/%v burst %d", rate, period, burst)
+	// Built only for an error: every store request validates its limit.
+	show := func() string { return fmt.Sprintf("%d/%v burst %d", rate, period, burst) }
 	// (Rate+1)·Per bounds every intermediate the stores compute (refill
 	// progress plus carry), so it must stay below 2^53.
 	if hi, lo := bits.Mul64(uint64(m.Rate)+1, uint64(m.Per)); hi != 0 || lo >= uint64(maxExact) {
-		return Micros{}, fmt.Errorf("%w: %s has no exact microsecond form below 2^53", ErrInvalidLimit, show)
+		return Micros{}, fmt.Errorf("%w: %s has no exact microsecond form below 2^53", ErrInvalidLimit, show())
 	}
 	// Time to fill from empty, in microseconds: Burst·Per/Rate.
 	hi, lo := bits.Mul64(uint64(m.Burst), uint64(m.Per))
 	if hi >= uint64(m.Rate) {
-		return Micros{}, fmt.Errorf("%w: %s takes longer than %v to fill", ErrInvalidLimit, show, MaxTimeToFull)
+		return Micros{}, fmt.Errorf("%w: %s takes longer than %v to fill", ErrInvalidLimit, show(), MaxTimeToFull)
 	}
 	if q, _ := bits.Div64(hi, lo, uint64(m.Rate)); q > uint64(MaxTimeToFull/time.Microsecond) {
-		return Micros{}, fmt.Errorf("%w: %s takes longer than %v to fill", ErrInvalidLimit, show, MaxTimeToFull)
+		return Micros{}, fmt.Errorf("%w: %s takes longer than %v to fill", ErrInvalidLimit, show(), MaxTimeToFull)
 	}
 	return m, nil
 }
