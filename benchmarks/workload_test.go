@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -213,6 +214,17 @@ type meter struct {
 	calls  *counter
 	before redisCounters
 	sent   int64
+	cpu    time.Duration // this process's CPU (the client's side) at the start
+}
+
+// processCPU is the user and system CPU this process has used: the
+// client's side of every limiter, Redis being another process.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func startMeter(b *testing.B, info *redis.Client, calls *counter) *meter {
@@ -220,26 +232,33 @@ func startMeter(b *testing.B, info *redis.Client, calls *counter) *meter {
 	if err != nil {
 		b.Fatalf("INFO: %v", err)
 	}
-	m := &meter{info: info, calls: calls, before: rc}
+	m := &meter{info: info, calls: calls, before: rc, cpu: processCPU()}
 	if calls != nil {
 		m.sent = calls.n.Load()
 	}
 	return m
 }
 
-// report reports Redis calls and CPU per 1 000 decisions and returns the
-// calls.
+// report reports Redis calls, Redis's CPU and the client's CPU per 1 000
+// decisions, and the client's CPU per store call (redis_rate makes one per
+// decision, so its per-call cost is its per-decision cost), and returns
+// the calls.
 func (m *meter) report(b *testing.B, decisions int64) int64 {
+	client := processCPU() - m.cpu
 	after, err := readRedis(context.Background(), m.info)
 	if err != nil {
 		b.Fatalf("INFO: %v", err)
 	}
 	b.ReportMetric((after.cpu-m.before.cpu)*1e6/float64(decisions)*1000, "redis-cpu-us/1000")
+	b.ReportMetric(float64(client.Microseconds())/float64(decisions)*1000, "client-cpu-us/1000")
 	if m.calls == nil {
 		return 0
 	}
 	calls := m.calls.n.Load() - m.sent
 	b.ReportMetric(float64(calls)/float64(decisions)*1000, "storecalls/1000")
+	if calls > 0 {
+		b.ReportMetric(float64(client.Nanoseconds())/float64(calls)/1000, "client-cpu-us/call")
+	}
 	return calls
 }
 
