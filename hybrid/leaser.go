@@ -14,7 +14,6 @@ import (
 	"github.com/leasehold/leasehold/reconcile"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/sony/gobreaker/v2"
-	"golang.org/x/sync/singleflight"
 )
 
 // leaser owns getting tokens from the store into entries' leases: spending
@@ -33,9 +32,10 @@ type leaser struct {
 	// outage (no refills then), and the fleet size a contended key's
 	// share is taken from.
 	outage  *outage
-	pace    pacer              // future-dated grants, released at the bucket's pace
-	grants  *capacity          // told each key's demand, to ask for capacity grants
-	flights singleflight.Group // keyed by user key only
+	pace    pacer       // future-dated grants, released at the bucket's pace
+	grants  *capacity   // told each key's demand, to ask for capacity grants
+	flights flightTable // by user key only
+	workers workers     // run the flights callers wait for with a deadline
 	offset  clock.Offset
 	lastOK  atomicMono // the last successful store reply
 	// lostLogged is set once a vanished bucket has been logged.
@@ -116,25 +116,36 @@ var errSlowFlight = errs.Errorf("hybrid", "store slower than the store timeout: 
 // asked for what the lease lacks of it, so that a refusal's wait is for
 // those tokens and asking again then finds them.
 func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome, error) {
-	fn := func() (any, error) {
-		if !ls.bg.enter() {
-			return fetchOutcome{}, ErrClosed
+	f, lead := ls.flights.join(e.key)
+	if lead {
+		fly := func() {
+			out, err := fetchOutcome{}, error(ErrClosed)
+			if ls.bg.enter() {
+				out, err = ls.leaseFor(e, need)
+				ls.bg.exit()
+			}
+			ls.flights.finish(e.key, f, out, err)
 		}
-		defer ls.bg.exit()
-		return ls.leaseFor(e, need)
+		if need == 0 {
+			fly() // a background refill waits for its own flight
+		} else {
+			ls.workers.run(fly)
+		}
 	}
 	if need == 0 {
-		v, err, _ := ls.flights.Do(e.key, fn)
-		out, _ := v.(fetchOutcome)
-		return out, err
+		<-f.done
+		return f.out, f.err
 	}
-	ch := ls.flights.DoChan(e.key, fn)
+	select {
+	case <-f.done: // done already, or soon: no timer
+		return f.out, f.err
+	default:
+	}
 	t := ls.cfg.clk.NewTimer(ls.cfg.storeTimeout)
 	defer t.Stop()
 	select {
-	case r := <-ch:
-		out, _ := r.Val.(fetchOutcome)
-		return out, r.Err
+	case <-f.done:
+		return f.out, f.err
 	case <-t.C():
 		return fetchOutcome{}, errSlowFlight
 	case <-ctx.Done():
