@@ -19,6 +19,21 @@ type flight struct {
 	done chan struct{}
 	out  fetchOutcome
 	err  error
+	// What the call is for: the leaser, the key's entry and the
+	// leader's need (0 for a background refill).
+	ls   *leaser
+	e    *entry
+	need int64
+}
+
+// fly makes the call and releases those waiting.
+func (f *flight) fly() {
+	out, err := fetchOutcome{}, error(ErrClosed)
+	if f.ls.bg.enter() {
+		out, err = f.ls.leaseFor(f.e, f.need)
+		f.ls.bg.exit()
+	}
+	f.ls.flights.finish(f.e.key, f, out, err)
 }
 
 // flightTable is the flights under way, by user key.
@@ -27,18 +42,19 @@ type flightTable struct {
 	m  map[string]*flight
 }
 
-// join returns key's flight under way, or a new one the caller leads.
-func (t *flightTable) join(key string) (f *flight, lead bool) {
+// join returns the flight under way for e's key, or a new one for need
+// that the caller leads.
+func (t *flightTable) join(ls *leaser, e *entry, need int64) (f *flight, lead bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if f = t.m[key]; f != nil {
+	if f = t.m[e.key]; f != nil {
 		return f, false
 	}
 	if t.m == nil {
 		t.m = map[string]*flight{}
 	}
-	f = &flight{done: make(chan struct{})}
-	t.m[key] = f
+	f = &flight{done: make(chan struct{}), ls: ls, e: e, need: need}
+	t.m[e.key] = f
 	return f, true
 }
 
@@ -56,23 +72,23 @@ func (t *flightTable) finish(key string, f *flight, out fetchOutcome, err error)
 type workers struct {
 	bg    *background
 	start sync.Once
-	work  chan func()
+	work  chan *flight
 }
 
-// run runs f on an idle worker, or on a goroutine of its own when every
+// run flies f on an idle worker, or on a goroutine of its own when every
 // worker is busy (a flight never waits for a worker).
-func (w *workers) run(f func()) {
+func (w *workers) run(f *flight) {
 	w.start.Do(w.launch)
 	select {
 	case w.work <- f:
 	default:
-		go f()
+		go f.fly()
 	}
 }
 
 // launch starts the workers, two per CPU, which end when Close begins.
 func (w *workers) launch() {
-	w.work = make(chan func())
+	w.work = make(chan *flight)
 	for range 2 * runtime.GOMAXPROCS(0) {
 		if !w.bg.enter() {
 			return
@@ -82,7 +98,7 @@ func (w *workers) launch() {
 			for {
 				select {
 				case f := <-w.work:
-					f()
+					f.fly()
 				case <-w.bg.stop:
 					return
 				}

@@ -116,20 +116,12 @@ var errSlowFlight = errs.Errorf("hybrid", "store slower than the store timeout: 
 // asked for what the lease lacks of it, so that a refusal's wait is for
 // those tokens and asking again then finds them.
 func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome, error) {
-	f, lead := ls.flights.join(e.key)
+	f, lead := ls.flights.join(ls, e, need)
 	if lead {
-		fly := func() {
-			out, err := fetchOutcome{}, error(ErrClosed)
-			if ls.bg.enter() {
-				out, err = ls.leaseFor(e, need)
-				ls.bg.exit()
-			}
-			ls.flights.finish(e.key, f, out, err)
-		}
 		if need == 0 {
-			fly() // a background refill waits for its own flight
+			f.fly() // a background refill waits for its own flight
 		} else {
-			ls.workers.run(fly)
+			ls.workers.run(f)
 		}
 	}
 	if need == 0 {

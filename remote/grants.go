@@ -223,7 +223,7 @@ func (s *RedisStore) grantCall(ctx context.Context, op Op, r GrantRequest, unspe
 		return Result{}, err
 	}
 	key := bucketKey(&req)
-	args := []any{op.String(), req.N, 1, m.Rate, m.Per, m.Burst, req.Version, 0, -maxDebt, TTLMargin.Milliseconds(), 1,
+	args := []any{op.arg(), req.N, 1, m.Rate, m.Per, m.Burst, req.Version, 0, -maxDebt, ttlMarginArg, 1,
 		g.holder, g.running, g.term, g.maxHolders, g.burst}
 	v, err := s.eval(ctx, bucketScript, []string{key, grantsKey(&req)}, args)
 	if err != nil {

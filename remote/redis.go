@@ -268,6 +268,26 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 // scriptArgs validates r and returns its keys (the bucket's first), the
 // script that keeps its bucket (bucketLua, or shapeLua for a shaped
 // request) and the script's arguments.
+// Script arguments boxed once: every store call passes them, and boxing a
+// string or a number above 255 allocates.
+var (
+	ttlMarginArg any = TTLMargin.Milliseconds()
+	opArgs           = func() (a [opUngrant + 1]any) {
+		for o := range a {
+			a[o] = Op(o).String()
+		}
+		return a
+	}()
+)
+
+// arg is o's name as a script argument.
+func (o Op) arg() any {
+	if o >= 0 && int(o) < len(opArgs) {
+		return opArgs[o]
+	}
+	return o.String()
+}
+
 func scriptArgs(op Op, r *Request) ([]string, *redis.Script, []any, error) {
 	m, err := validate(op, r)
 	if err != nil {
@@ -275,8 +295,8 @@ func scriptArgs(op Op, r *Request) ([]string, *redis.Script, []any, error) {
 	}
 	key := bucketKey(r)
 	if !r.shaped() {
-		args := []any{op.String(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version,
-			int64(r.MaxDelay / time.Microsecond), -maxDebt, TTLMargin.Milliseconds(), r.Need}
+		args := []any{op.arg(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version,
+			int64(r.MaxDelay / time.Microsecond), -maxDebt, ttlMarginArg, r.Need}
 		if op == OpDebit && r.Mark.Born != 0 {
 			// The grant arguments (12–16) are unused by a debit.
 			args = append(args, "", 0, 0, 0, 0, r.Spent, r.Mark.Born, r.Mark.Spill)
@@ -292,7 +312,7 @@ func scriptArgs(op Op, r *Request) ([]string, *redis.Script, []any, error) {
 		since = r.Since.UnixMicro()
 	}
 	args := make([]any, 0, 10+4*len(ls))
-	args = append(args, op.String(), r.N, r.Min, r.Need, r.Version, -maxDebt, TTLMargin.Milliseconds(),
+	args = append(args, op.arg(), r.N, r.Min, r.Need, r.Version, -maxDebt, ttlMarginArg,
 		int64(r.Hold/time.Microsecond), since, len(ls))
 	for _, l := range ls {
 		kind := "g"
