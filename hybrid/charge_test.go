@@ -163,12 +163,7 @@ func TestChargeSettleShapesAndTiers(t *testing.T) {
 		require.NoError(t, ch.Settle(45))
 		eventually(t, "the debit", func() bool { return l.Stats().TokensDebited == 25 })
 		// 50 + 20 charged and 25 debited: the window holds 5 more.
-		d, err := l.AllowN(ctx, "k", 6)
-		require.NoError(t, err)
-		require.False(t, d.Allowed, "the window admitted 6 with 95 of 100 used: %+v", d)
-		d, err = l.AllowN(ctx, "k", 5)
-		require.NoError(t, err)
-		require.True(t, d.Allowed, "the window refused its last 5: %+v", d)
+		requireLast(t, l, "k", 5)
 	})
 	t.Run("several limits", func(t *testing.T) {
 		// 100 a minute and 90 an hour: a refund is not given back, an
@@ -195,12 +190,7 @@ func TestChargeSettleShapesAndTiers(t *testing.T) {
 		eventually(t, "the debit", func() bool { return l.Stats().TokensDebited == max(10-lease, 0) })
 		// 50 + 20 charged and 10 more settled: the hour holds 10 more
 		// (leased or in the bucket), the minute 20.
-		d, err := l.AllowN(ctx, "k", 11)
-		require.NoError(t, err)
-		require.False(t, d.Allowed, "the hour admitted 11 with 80 of 90 used: %+v", d)
-		d, err = l.AllowN(ctx, "k", 10)
-		require.NoError(t, err)
-		require.True(t, d.Allowed, "the hour refused its last 10: %+v", d)
+		requireLast(t, l, "k", 10)
 	})
 	t.Run("tiers", func(t *testing.T) {
 		w := newFakeWorld()
@@ -217,4 +207,17 @@ func TestChargeSettleShapesAndTiers(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, int64(30), res.Granted, "the paid tier's bucket after a settled cost of 70")
 	})
+}
+
+// requireLast checks that key has exactly last tokens left: last+1 at once
+// is refused, last is admitted.
+func requireLast(t *testing.T, l *Limiter, key string, last int64) {
+	t.Helper()
+	ctx := context.Background()
+	d, err := l.AllowN(ctx, key, last+1)
+	require.NoError(t, err)
+	require.False(t, d.Allowed, "%d admitted with %d left: %+v", last+1, last, d)
+	d, err = l.AllowN(ctx, key, last)
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "the last %d refused: %+v", last, d)
 }

@@ -36,35 +36,7 @@ func TestInFlightThroughRedisDown(t *testing.T) {
 		lims[i] = l
 		t.Cleanup(func() { _ = l.Close(context.Background()) })
 	}
-	var mu sync.Mutex
-	var flights []flight
-	ctx := context.Background()
-	start := time.Now()
-	stop := start.Add(4 * time.Second)
-	var wg sync.WaitGroup
-	for i, l := range lims {
-		for w := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				rng := rand.New(rand.NewPCG(uint64(i), uint64(w)))
-				for time.Now().Before(stop) {
-					actx, cancel := context.WithDeadline(ctx, stop)
-					err := l.Acquire(actx, "k", 1)
-					cancel()
-					if err != nil {
-						return
-					}
-					from := time.Now().UnixNano()
-					time.Sleep(time.Duration(rng.IntN(4000)) * time.Microsecond) // the request
-					mu.Lock()
-					flights = append(flights, flight{from, time.Now().UnixNano()})
-					mu.Unlock()
-					l.Release("k", 1)
-				}
-			}()
-		}
-	}
+	flightsOf := load(lims, time.Now().Add(4*time.Second), 0, 4*time.Millisecond)
 	time.Sleep(time.Second) // load runs in real time
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
@@ -75,7 +47,7 @@ func TestInFlightThroughRedisDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	back := time.Now()
-	wg.Wait()
+	flights := flightsOf()
 	var during []flight
 	for _, f := range flights {
 		if f.From >= killed.UnixNano() && f.To <= back.UnixNano() {
@@ -150,41 +122,14 @@ func TestInFlightPartitionLongerThanTheTerm(t *testing.T) {
 		lims[i] = l
 		t.Cleanup(func() { _ = l.Close(context.Background()) })
 	}
-	var mu sync.Mutex
-	var flights []flight
-	start := time.Now()
-	stop := start.Add(6500 * time.Millisecond)
-	var wg sync.WaitGroup
-	for i, l := range lims {
-		for w := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				rng := rand.New(rand.NewPCG(uint64(i), uint64(w)))
-				for time.Now().Before(stop) {
-					actx, cancel := context.WithDeadline(context.Background(), stop)
-					err := l.Acquire(actx, "k", 1)
-					cancel()
-					if err != nil {
-						return
-					}
-					from := time.Now().UnixNano()
-					time.Sleep(time.Duration(1000+rng.IntN(4000)) * time.Microsecond) // the request
-					mu.Lock()
-					flights = append(flights, flight{from, time.Now().UnixNano()})
-					mu.Unlock()
-					l.Release("k", 1)
-				}
-			}()
-		}
-	}
+	flightsOf := load(lims, time.Now().Add(6500*time.Millisecond), time.Millisecond, 4*time.Millisecond)
 	time.Sleep(time.Second) // load runs in real time
 	cut.off.Store(true)
 	cutAt := time.Now()
 	time.Sleep(3 * time.Second)
 	cut.off.Store(false)
 	healed := time.Now()
-	wg.Wait()
+	flights := flightsOf()
 	var before, during, after []flight
 	for _, f := range flights {
 		switch {
@@ -209,5 +154,41 @@ func TestInFlightPartitionLongerThanTheTerm(t *testing.T) {
 	}
 	if len(after) < 100 || len(during) < 100 {
 		t.Errorf("%d requests around the cut, %d after: the fleet stalled", len(during), len(after))
+	}
+}
+
+// load runs 8 workers on each limiter, acquiring a slot of "k" for a
+// request of least plus up to spread of work, until stop; the function it
+// returns waits for them and gives every request's time in flight.
+func load(lims []*Limiter, stop time.Time, least, spread time.Duration) func() []flight {
+	var mu sync.Mutex
+	var flights []flight
+	var wg sync.WaitGroup
+	for i, l := range lims {
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(w)))
+				for time.Now().Before(stop) {
+					actx, cancel := context.WithDeadline(context.Background(), stop)
+					err := l.Acquire(actx, "k", 1)
+					cancel()
+					if err != nil {
+						return
+					}
+					from := time.Now().UnixNano()
+					time.Sleep(least + time.Duration(rng.Int64N(int64(spread)))) // the request
+					mu.Lock()
+					flights = append(flights, flight{from, time.Now().UnixNano()})
+					mu.Unlock()
+					l.Release("k", 1)
+				}
+			}()
+		}
+	}
+	return func() []flight {
+		wg.Wait()
+		return flights
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"container/heap"
 	"fmt"
 	"io"
 	"math"
@@ -60,19 +59,7 @@ type settling struct {
 	estimate, actual int64
 }
 
-// settleQueue orders the charges in flight by when their work ends.
-type settleQueue []settling
-
-func (q settleQueue) Len() int           { return len(q) }
-func (q settleQueue) Less(i, j int) bool { return q[i].at < q[j].at }
-func (q settleQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
-func (q *settleQueue) Push(x any)        { *q = append(*q, x.(settling)) }
-func (q *settleQueue) Pop() any {
-	old := *q
-	x := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return x
-}
+func (s settling) due() time.Duration { return s.at }
 
 // charge decides one costed request of process p on key at now.
 func (w *world) charge(now time.Duration, p *process, key string, c *CostSpec) (hybrid.Decision, error) {
@@ -82,15 +69,14 @@ func (w *world) charge(now time.Duration, p *process, key string, c *CostSpec) (
 	}
 	if ch.Allowed {
 		w.rec.costed(now, c.Estimate, 1)
-		heap.Push(&w.settles, settling{at: now + c.work(w.rng), ch: ch, estimate: c.Estimate, actual: c.actual(w.rng)})
+		w.settles.push(settling{at: now + c.work(w.rng), ch: ch, estimate: c.Estimate, actual: c.actual(w.rng)})
 	}
 	return ch.Decision, nil
 }
 
 // settleDue settles the charges whose work has ended by now.
 func (w *world) settleDue(now time.Duration) {
-	for len(w.settles) > 0 && w.settles[0].at <= now {
-		s := heap.Pop(&w.settles).(settling)
+	for s, ok := w.settles.pop(now); ok; s, ok = w.settles.pop(now) {
 		if err := s.ch.Settle(s.actual); err == nil {
 			w.rec.costed(now, s.actual-s.estimate, -1)
 		}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"container/heap"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -76,32 +75,20 @@ type releasing struct {
 	key string
 }
 
-type releaseQueue []releasing
-
-func (q releaseQueue) Len() int           { return len(q) }
-func (q releaseQueue) Less(i, j int) bool { return q[i].at < q[j].at }
-func (q releaseQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
-func (q *releaseQueue) Push(x any)        { *q = append(*q, x.(releasing)) }
-func (q *releaseQueue) Pop() any {
-	old := *q
-	x := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return x
-}
+func (r releasing) due() time.Duration { return r.at }
 
 // acquire decides one in-flight request of process p on key at now.
 func (w *world) acquire(now time.Duration, p *process, key string, s *InFlightSpec) {
 	ok := p.slots.TryAcquire(key, 1)
 	w.rec.inFlight(now, ok, 1, s)
 	if ok {
-		heap.Push(&w.releases, releasing{at: now + s.work(w.rng, now), l: p.slots, key: key})
+		w.releases.push(releasing{at: now + s.work(w.rng, now), l: p.slots, key: key})
 	}
 }
 
 // releaseDue releases the slots whose work has ended by now.
 func (w *world) releaseDue(now time.Duration) {
-	for len(w.releases) > 0 && w.releases[0].at <= now {
-		r := heap.Pop(&w.releases).(releasing)
+	for r, ok := w.releases.pop(now); ok; r, ok = w.releases.pop(now) {
 		r.l.Release(r.key, 1)
 		w.rec.inFlight(now, true, -1, nil)
 	}

@@ -73,9 +73,9 @@ type world struct {
 	regions []*region
 	sched   *sched
 	// settles are the costed charges in flight (see costs.go).
-	settles settleQueue
+	settles dueQueue[settling]
 	// releases are the requests holding slots (see inflight.go).
-	releases releaseQueue
+	releases dueQueue[releasing]
 }
 
 type timedAction struct {
