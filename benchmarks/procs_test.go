@@ -1,13 +1,11 @@
 package benchmarks
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/internal/testkit/helperproc"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/redis/go-redis/v9"
@@ -64,10 +63,6 @@ func BenchmarkAtLimit(b *testing.B) {
 func benchAtLimit(b *testing.B, srv *redistest.Server, impl string) {
 	c := srv.Client(b)
 	key := "at-limit-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	exe, err := os.Executable()
-	if err != nil {
-		b.Fatal(err)
-	}
 	m := startMeter(b, c, nil)
 	start := time.Now().Add(500 * time.Millisecond) // every process starts together
 	reports := make([]helperReport, atLimitProcs)
@@ -77,16 +72,10 @@ func benchAtLimit(b *testing.B, srv *redistest.Server, impl string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cmd := exec.Command(exe, "-test.run=^$")
-			cmd.Env = append(os.Environ(), helperEnv+"="+impl, "BENCH_ADDR="+srv.Addr, "BENCH_KEY="+key,
-				"BENCH_START="+strconv.FormatInt(start.UnixNano(), 10))
-			var out, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &stderr
-			if err := cmd.Run(); err != nil {
-				errs[p] = fmt.Errorf("process %d: %v: %s", p, err, stderr.String())
-				return
+			if err := helperproc.Run([]string{helperEnv + "=" + impl, "BENCH_ADDR=" + srv.Addr, "BENCH_KEY=" + key,
+				"BENCH_START=" + strconv.FormatInt(start.UnixNano(), 10)}, &reports[p]); err != nil {
+				errs[p] = fmt.Errorf("process %d: %w", p, err)
 			}
-			errs[p] = json.Unmarshal(out.Bytes(), &reports[p])
 		}()
 	}
 	wg.Wait()

@@ -1,13 +1,11 @@
 package inflight
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/testkit/helperproc"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/redis/go-redis/v9"
@@ -71,10 +70,6 @@ func TestInFlightOnRealRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("2 s of load per case")
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, be := range []struct {
 		name  string
 		addrs func(t *testing.T) string
@@ -93,17 +88,11 @@ func TestInFlightOnRealRedis(t *testing.T) {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						cmd := exec.Command(exe, "-test.run=^$")
-						cmd.Env = append(os.Environ(), helperEnv+"="+be.addrs(t), "INFLIGHT_NAME="+name,
-							"INFLIGHT_SLOTS="+strconv.FormatInt(slots, 10), "INFLIGHT_START="+strconv.FormatInt(start.UnixNano(), 10),
-							"INFLIGHT_SEED="+strconv.Itoa(p))
-						var out, stderr bytes.Buffer
-						cmd.Stdout, cmd.Stderr = &out, &stderr
-						if err := cmd.Run(); err != nil {
-							errs[p] = fmt.Errorf("process %d: %v: %s", p, err, stderr.String())
-							return
+						if err := helperproc.Run([]string{helperEnv + "=" + be.addrs(t), "INFLIGHT_NAME=" + name,
+							"INFLIGHT_SLOTS=" + strconv.FormatInt(slots, 10), "INFLIGHT_START=" + strconv.FormatInt(start.UnixNano(), 10),
+							"INFLIGHT_SEED=" + strconv.Itoa(p)}, &reports[p]); err != nil {
+							errs[p] = fmt.Errorf("process %d: %w", p, err)
 						}
-						errs[p] = json.Unmarshal(out.Bytes(), &reports[p])
 					}()
 				}
 				wg.Wait()

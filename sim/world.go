@@ -134,6 +134,13 @@ func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*
 			progress(now, total)
 		}
 	}
+	w.close()
+	return w.rec, nil
+}
+
+// close closes every process's limiters, then the tiers of stores under
+// them, counting the in-flight limiters' store calls.
+func (w *world) close() {
 	for _, p := range w.procs {
 		if p.alive || p.crashed {
 			_ = p.lim.Close(w.ctx)
@@ -148,7 +155,6 @@ func run(sc *Scenario, seed uint64, progress func(done, total time.Duration)) (*
 			_ = p.tiered.Close()
 		}
 	}
-	return w.rec, nil
 }
 
 func (w *world) options(c clock.Clock) []hybrid.Option {
