@@ -3,6 +3,7 @@ package hybrid
 import (
 	"context"
 	"errors"
+	"github.com/leasehold/leasehold/internal/background"
 	"math"
 	"sync/atomic"
 	"time"
@@ -75,7 +76,7 @@ type capacity struct {
 	cfg    *config
 	store  *breaker.Store
 	policy *policyTracker
-	bg     *background
+	bg     *background.Group
 	stats  *counters
 	holder string // this limiter's name at the store
 	// fleet counts the fleet (heartbeats, or WithFleetSize): a first ask
@@ -231,13 +232,13 @@ func (c *capacity) askAsync(e *entry, d time.Duration) {
 			return
 		}
 		g.askedAt.Store(c.cfg.now())
-		if c.bg.after(0, func() { defer g.asking.Store(false); c.ask(e) }) == nil {
+		if c.bg.After(0, func() { defer g.asking.Store(false); c.ask(e) }) == nil {
 			g.asking.Store(false)
 		}
 		return
 	}
 	g.nextAt.Store(c.cfg.now().add(d))
-	t := c.bg.after(d, func() { c.askAsync(e, 0) })
+	t := c.bg.After(d, func() { c.askAsync(e, 0) })
 	if t == nil {
 		return
 	}
@@ -297,7 +298,7 @@ func (c *capacity) ask(e *entry) {
 		c.consider(e, p, rate, c.cfg.now())
 	}
 	if !c.enabled(p) || g.hotFrom.Load() == 0 {
-		c.release(c.bg.ctx, e, p)
+		c.release(c.bg.Ctx, e, p)
 		return
 	}
 	// A newborn limiter's first ask counts the fleet afresh: processes
@@ -305,11 +306,11 @@ func (c *capacity) ask(e *entry) {
 	// a first want above an even part keeps the others waiting, with a
 	// young re-ask each, until holders renew.
 	if cur == nil && g.answers.Load() == 0 && c.newborn() && c.fleet != nil {
-		c.fleet.recount(c.bg.ctx, p.Name, c.cfg.now(), recountWithin)
+		c.fleet.recount(c.bg.Ctx, p.Name, c.cfg.now(), recountWithin)
 	}
 	req := c.request(e, p, cur)
 	sent := c.cfg.now()
-	ctx, cancel := context.WithTimeout(c.bg.ctx, c.cfg.refillTimeout)
+	ctx, cancel := context.WithTimeout(c.bg.Ctx, c.cfg.refillTimeout)
 	gr, err := c.store.Grant(ctx, req)
 	cancel()
 	if !errors.Is(err, breaker.ErrOpen) {
@@ -331,7 +332,7 @@ func (c *capacity) ask(e *entry) {
 	case gr.Stale:
 		// The policy moved on: adopted drops the grant and asks again.
 		if c.policy.learn(gr.Version) {
-			c.bg.after(0, func() { c.policy.refreshShared(c.bg.ctx) })
+			c.bg.After(0, func() { c.policy.refreshShared(c.bg.Ctx) })
 		}
 		return
 	}

@@ -148,7 +148,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) error {
 		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
-		case <-l.bg.stop:
+		case <-l.bg.Done:
 			t.Stop()
 			return ErrClosed
 		case <-t.C():

@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"github.com/leasehold/leasehold/internal/background"
 	"runtime"
 	"sync"
 )
@@ -29,9 +30,9 @@ type flight struct {
 // fly makes the call and releases those waiting.
 func (f *flight) fly() {
 	out, err := fetchOutcome{}, error(ErrClosed)
-	if f.ls.bg.enter() {
+	if f.ls.bg.Enter() {
 		out, err = f.ls.leaseFor(f.e, f.need)
-		f.ls.bg.exit()
+		f.ls.bg.Exit()
 	}
 	f.ls.flights.finish(f.e.key, f, out, err)
 }
@@ -70,7 +71,7 @@ func (t *flightTable) finish(key string, f *flight, out fetchOutcome, err error)
 
 // workers runs flights handed over by callers that wait with a deadline.
 type workers struct {
-	bg    *background
+	bg    *background.Group
 	start sync.Once
 	work  chan *flight
 }
@@ -90,16 +91,16 @@ func (w *workers) run(f *flight) {
 func (w *workers) launch() {
 	w.work = make(chan *flight)
 	for range 2 * runtime.GOMAXPROCS(0) {
-		if !w.bg.enter() {
+		if !w.bg.Enter() {
 			return
 		}
 		go func() {
-			defer w.bg.exit()
+			defer w.bg.Exit()
 			for {
 				select {
 				case f := <-w.work:
 					f.fly()
-				case <-w.bg.stop:
+				case <-w.bg.Done:
 					return
 				}
 			}

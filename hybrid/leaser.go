@@ -3,6 +3,7 @@ package hybrid
 import (
 	"context"
 	"errors"
+	"github.com/leasehold/leasehold/internal/background"
 	"github.com/leasehold/leasehold/internal/errs"
 	"log/slog"
 	"math"
@@ -24,7 +25,7 @@ type leaser struct {
 	cfg    *config
 	store  *breaker.Store
 	policy *policyTracker
-	bg     *background
+	bg     *background.Group
 	stats  *counters
 	// settle takes the tokens the leaser holds but cannot deposit.
 	settle *settlement
@@ -89,7 +90,7 @@ func (ls *leaser) refillAsync(e *entry) {
 	if e.reserved() > int64(e.lowWater.Load()) || e.refilling.Load() || ls.outage.held(ls.cfg.now()) || !e.refilling.CompareAndSwap(false, true) {
 		return
 	}
-	if ls.bg.after(0, func() {
+	if ls.bg.After(0, func() {
 		defer e.refilling.Store(false)
 		_, _ = ls.fetch(context.Background(), e, 0)
 	}) == nil {
@@ -148,7 +149,7 @@ func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome
 // leaseFor is one flight: a lease call sized for every caller waiting on
 // e, unless an earlier flight already served them.
 func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
-	ls.policy.syncOnce(ls.bg.ctx)
+	ls.policy.syncOnce(ls.bg.Ctx)
 	p := ls.policy.load()
 	start := ls.cfg.now()
 	// A flight that just ended may already have served this caller, or
@@ -185,7 +186,7 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	}
 	// Not the caller's context: joined callers share this call. Close ends
 	// it; the refill timeout bounds it.
-	cctx, cancel := context.WithTimeout(ls.bg.ctx, ls.cfg.refillTimeout)
+	cctx, cancel := context.WithTimeout(ls.bg.Ctx, ls.cfg.refillTimeout)
 	defer cancel()
 	e.callSince.Store(start + 1)
 	res, err := ls.store.Lease(cctx, req)
@@ -280,7 +281,7 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need int64,
 	}
 	if res.Stale {
 		if ls.policy.learn(res.Version) {
-			ls.bg.after(0, func() { ls.policy.refreshShared(ls.bg.ctx) })
+			ls.bg.After(0, func() { ls.policy.refreshShared(ls.bg.Ctx) })
 		}
 		return fetchOutcome{retry: staleRetry, at: now}
 	}
@@ -383,7 +384,7 @@ func (ls *leaser) depositHeld(e *entry, p *policyState, n int64, granted time.Ti
 	}
 	e.inflow.Add(n)
 	// Armed outside e.mu: a manual clock runs a due callback at once.
-	t := ls.bg.after(mono(e.lease.Expiry()).sub(ls.cfg.now()), func() {
+	t := ls.bg.After(mono(e.lease.Expiry()).sub(ls.cfg.now()), func() {
 		if items := ls.drainExpired(ls.policy.load(), e, ls.cfg.now()); len(items) > 0 {
 			// Unspent tokens count in the window until they are back:
 			// send them now, not at the next sweep.

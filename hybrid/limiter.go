@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/background"
 	"github.com/leasehold/leasehold/internal/errs"
 	"log/slog"
 	mrand "math/rand/v2"
@@ -29,7 +30,7 @@ import (
 // fields and file: keyTable (keys.go), leaser (leaser.go) with its pacer
 // (pacing.go), outage (outage.go), settlement (settlement.go),
 // modeTracker (mode.go), policyTracker (policies.go) and background
-// (background.go). The front decides (decide.go) and orchestrates what
+// (internal/background). The front decides (decide.go) and orchestrates what
 // spans concerns: sweeps, policy changes, Close.
 type Limiter struct {
 	cfg    config
@@ -40,7 +41,7 @@ type Limiter struct {
 	outage *outage
 	settle settlement
 	modes  *modeTracker
-	bg     *background
+	bg     *background.Group
 	stats  counters
 	grants capacity
 }
@@ -67,14 +68,14 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	if !ok {
 		bs = breaker.NewStore(store, breaker.Settings{Clock: cfg.clk})
 	}
-	l := &Limiter{cfg: cfg, store: bs, bg: newBackground(cfg.clk), keys: keyTable{max: int64(cfg.maxKeys)}, stats: newCounters()}
+	l := &Limiter{cfg: cfg, store: bs, bg: background.New(cfg.clk), keys: keyTable{max: int64(cfg.maxKeys)}, stats: newCounters()}
 	l.cfg.epoch = cfg.clk.Now()
 	rng := newRand(cfg)
 	l.policy = newPolicyTracker(&l.cfg, bs, p, l)
 	l.outage = newOutage(&l.cfg, &l.stats, bs, fmt.Sprintf("%016x", rng.uint64()))
 	l.modes = newModeTracker(&l.cfg, &l.stats, l.policy, bs)
 	l.settle = settlement{cfg: &l.cfg, store: bs, bg: l.bg, keys: &l.keys, outage: l.outage, policy: l.policy, modes: l.modes, stats: &l.stats,
-		settler: reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.bg.after, Jitter: rng.duration}}
+		settler: reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.bg.After, Jitter: rng.duration}}
 	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, settle: &l.settle, outage: l.outage,
 		workers: workers{bg: l.bg}}
 	l.leaser.pace = pacer{cfg: &l.cfg, bg: l.bg, stats: &l.stats, into: &l.leaser}
@@ -89,21 +90,21 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 func (l *Limiter) start() {
 	if rs, ok := l.store.Unwrap().(interface{ Check(context.Context) error }); ok {
 		// A round trip: in the background, so New never waits on the store.
-		l.bg.after(0, func() {
-			ctx, cancel := context.WithTimeout(l.bg.ctx, l.cfg.refillTimeout)
+		l.bg.After(0, func() {
+			ctx, cancel := context.WithTimeout(l.bg.Ctx, l.cfg.refillTimeout)
 			defer cancel()
 			if err := rs.Check(ctx); err != nil {
 				l.cfg.logger.Warn("leasehold: store misconfigured", slog.String("error", err.Error()))
 			}
 		})
 	}
-	l.bg.tick(l.cfg.sweepInterval, l.cfg.sweepInterval, l.sweep)
+	l.bg.Tick(l.cfg.sweepInterval, l.cfg.sweepInterval, l.sweep)
 	if l.outage.fleet != nil {
-		l.bg.tick(0, l.cfg.hbInterval, l.heartbeat)
+		l.bg.Tick(0, l.cfg.hbInterval, l.heartbeat)
 	}
 	if l.policy.records != nil {
-		l.policy.watch(l.bg.ctx, func() { l.bg.after(0, l.pollPolicy) })
-		l.bg.tick(0, l.cfg.policyPoll, l.pollPolicy)
+		l.policy.watch(l.bg.Ctx, func() { l.bg.After(0, l.pollPolicy) })
+		l.bg.Tick(0, l.cfg.policyPoll, l.pollPolicy)
 	}
 }
 
@@ -185,12 +186,12 @@ func (l *Limiter) adopted(prev, next *policyState) {
 		l.grants.adopted(e, next)
 		l.settle.later(l.leaser.cut(next, e, next.tier(e).maxLease)...)
 	})
-	l.bg.after(0, l.settle.flush)
+	l.bg.After(0, l.settle.flush)
 }
 
 // pollPolicy reads the policy record (every policy poll interval, and on
 // every push) and adopts it if newer.
-func (l *Limiter) pollPolicy() { l.policy.poll(l.bg.ctx) }
+func (l *Limiter) pollPolicy() { l.policy.poll(l.bg.Ctx) }
 
 // Mode reports the limiter's relation to the store: ModeDegraded while the
 // breaker is open; ModeRecovering while outage accounts are settled, and
@@ -224,7 +225,7 @@ func (l *Limiter) heartbeat() {
 	if l.modes.mode() == ModeDegraded {
 		return // the breaker is open: do not add to the store's load
 	}
-	if l.outage.heartbeat(l.bg.ctx, l.policy.load().Name) {
+	if l.outage.heartbeat(l.bg.Ctx, l.policy.load().Name) {
 		l.leaser.lastOK.Store(l.cfg.now())
 	}
 }
@@ -235,7 +236,7 @@ func (l *Limiter) heartbeat() {
 func (l *Limiter) holdBeat() {
 	l.heartbeat()
 	if l.outage.held(l.cfg.now()) {
-		l.bg.after(max(l.cfg.hbInterval/10, time.Millisecond), l.holdBeat)
+		l.bg.After(max(l.cfg.hbInterval/10, time.Millisecond), l.holdBeat)
 	}
 }
 
@@ -247,12 +248,12 @@ func (l *Limiter) Close(ctx context.Context) error {
 	if !l.keys.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	l.bg.close()
+	l.bg.Close()
 	l.policy.stopWatch()
 	l.settle.queue.Requeue(l.modes.cancelSettlement())
 	p := l.policy.load()
 	l.keys.each(func(e *entry) { l.release(p, e); l.grants.stopTimers(e) })
-	l.bg.wait()
+	l.bg.Wait()
 	// Grants go back at once, with Close's deadline; a renewal that ended
 	// after the first pass may have installed one.
 	l.keys.each(func(e *entry) { l.grants.release(ctx, e, p) })
@@ -269,7 +270,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 // its outage debt (eviction, policy change, Close).
 func (l *Limiter) release(p *policyState, e *entry) {
 	if e.grantMode() {
-		l.bg.after(0, func() { l.grants.release(l.bg.ctx, e, p) })
+		l.bg.After(0, func() { l.grants.release(l.bg.Ctx, e, p) })
 	}
 	items := l.leaser.release(p, e)
 	if d := e.takeDebt(); d > 0 {

@@ -145,7 +145,7 @@ func (l *Limiter) checkMode() {
 		l.keys.each(func(e *entry) { l.stats.tokensDropped.Add(l.leaser.pace.cancel(e)) })
 	case t.from == ModeDegraded:
 		if l.outage.ended(l.cfg.now()) {
-			l.bg.after(0, l.holdBeat)
+			l.bg.After(0, l.holdBeat)
 		}
 	}
 	l.modes.report(t)

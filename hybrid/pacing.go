@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"github.com/leasehold/leasehold/internal/background"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -164,7 +165,7 @@ type depositor interface {
 // for its timer or cancels it.
 type pacer struct {
 	cfg   *config
-	bg    *background
+	bg    *background.Group
 	stats *counters
 	into  depositor
 }
@@ -173,7 +174,7 @@ type pacer struct {
 // now+delay, and releases it into e's lease at lim's pace. Until a release
 // the key rejects locally with the exact wait for it.
 func (pc *pacer) reserve(e *entry, lim Limit, n int64, delay time.Duration, now mono) {
-	if !pc.bg.enter() {
+	if !pc.bg.Enter() {
 		pc.into.giveBack(e, n)
 		return
 	}
@@ -202,7 +203,7 @@ func (pc *pacer) releaseDue(e *entry, r *reservation) {
 	rs.mu.Lock()
 	if !rs.hasLocked(r) {
 		rs.mu.Unlock()
-		pc.bg.exit() // cancelled: cancel returned what was not delivered
+		pc.bg.Exit() // cancelled: cancel returned what was not delivered
 		return
 	}
 	// Never below delivered: catchUp may have delivered with a later now
@@ -223,7 +224,7 @@ func (pc *pacer) releaseDue(e *entry, r *reservation) {
 		pc.into.deposit(e, n, now)
 	}
 	if done {
-		pc.bg.exit()
+		pc.bg.Exit()
 	}
 }
 
@@ -276,7 +277,7 @@ func (pc *pacer) cancel(e *entry) int64 {
 	for i, x := range list {
 		n += x.n - x.delivered
 		if timers[i].Stop() {
-			pc.bg.exit() // no callback will run; a running one finds r gone and exits
+			pc.bg.Exit() // no callback will run; a running one finds r gone and exits
 		}
 	}
 	return n

@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"github.com/leasehold/leasehold/internal/background"
 	"testing"
 	"time"
 
@@ -20,8 +21,8 @@ func (c *countingDepositor) giveBack(_ *entry, n int64)        { c.given += n }
 func TestPacerNeverDeliversTwice(t *testing.T) {
 	clk := clock.NewManual(t0)
 	cfg := &config{clk: clk, epoch: t0}
-	bg := newBackground(clk)
-	defer func() { bg.close(); bg.wait() }()
+	bg := background.New(clk)
+	defer func() { bg.Close(); bg.Wait() }()
 	stats := newCounters()
 	into := &countingDepositor{}
 	pc := pacer{cfg: cfg, bg: bg, stats: &stats, into: into}

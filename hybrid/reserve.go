@@ -119,7 +119,7 @@ func (l *Limiter) reserveFromStore(ctx context.Context, p *policyState, key stri
 		return remote.Result{}, err
 	}
 	if res.Stale && l.policy.learn(res.Version) {
-		l.bg.after(0, func() { l.policy.refreshShared(l.bg.ctx) })
+		l.bg.After(0, func() { l.policy.refreshShared(l.bg.Ctx) })
 	}
 	return res, nil
 }

@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"context"
+	"github.com/leasehold/leasehold/internal/background"
 
 	"github.com/leasehold/leasehold/breaker"
 	"github.com/leasehold/leasehold/internal/errs"
@@ -17,7 +18,7 @@ import (
 type settlement struct {
 	cfg     *config
 	store   *breaker.Store
-	bg      *background
+	bg      *background.Group
 	keys    *keyTable // a failed debit goes back into its key's debt
 	outage  *outage   // what each key's outage admissions still owe
 	policy  *policyTracker
@@ -30,7 +31,7 @@ type settlement struct {
 // later queues items; a full queue is flushed at once.
 func (s *settlement) later(items ...reconcile.Item) {
 	if s.queue.Add(items...) {
-		s.bg.after(0, s.flush)
+		s.bg.After(0, s.flush)
 	}
 }
 
@@ -38,7 +39,7 @@ func (s *settlement) later(items ...reconcile.Item) {
 // against others until they are back.
 func (s *settlement) soon(items ...reconcile.Item) {
 	s.queue.Add(items...)
-	s.bg.after(0, s.flush)
+	s.bg.After(0, s.flush)
 }
 
 // flush sends the queue while healthy; while degraded or recovering the
@@ -51,7 +52,7 @@ func (s *settlement) flush() {
 	if len(items) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(s.bg.ctx, s.cfg.refillTimeout)
+	ctx, cancel := context.WithTimeout(s.bg.Ctx, s.cfg.refillTimeout)
 	defer cancel()
 	s.requeue(s.send(ctx, items).Failed)
 }

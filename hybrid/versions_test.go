@@ -252,7 +252,7 @@ func TestPolicyStartStale(t *testing.T) {
 	name := "stale-" + time.Now().Format("150405.000000")
 	v3 := Policy{Name: name, Limit: Limit{Rate: 10, Period: time.Hour, Burst: 10}, Version: 3}
 	l3 := newFleet(t, 1, v3, viaSrv)[0]
-	l3.policy.syncOnce(l3.bg.ctx) // publishes version 3
+	l3.policy.syncOnce(l3.bg.Ctx) // publishes version 3
 	l := newFleet(t, 1, Policy{Name: name, Limit: PerSecond(1000), Version: 1}, viaSrv)[0]
 	d, err := l.AllowN(context.Background(), "k", 1)
 	require.NoError(t, err)

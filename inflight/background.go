@@ -3,24 +3,22 @@ package inflight
 import (
 	"context"
 	"time"
-
-	"github.com/leasehold/leasehold/clock"
 )
 
-// The background work runs in timer callbacks on the limiter's clock
-// (clock.AfterFunc): renewals every quarter of the term and, for tight
-// keys holding spare slots, every spareCheck, so that they learn when
-// others wait; give-backs a release left over, at once; forgetting idle
-// keys; counting the fleet every heartbeat interval; reading the policy's
-// record every poll interval and when a store reply names a newer
-// version. On a manual clock (tests, the simulator) it all runs inside
-// Advance, in virtual time, and a run replays exactly.
+// The background work runs in callbacks of the limiter's clock
+// (internal/background, as hybrid's): renewals every quarter of the term
+// and, for tight keys holding spare slots, every spareCheck, so that they
+// learn when others wait; give-backs a release left over, at once;
+// forgetting idle keys; counting the fleet every heartbeat interval;
+// reading the policy's record every poll interval and when a store reply
+// names a newer version. On a manual clock (tests, the simulator) it all
+// runs inside Advance, in virtual time, and a run replays exactly.
 
 // start arms the background's timers, counting from New.
 func (l *Limiter) start() {
 	every := l.tickEvery()
 	var sinceRenew time.Duration
-	l.every(every, func() {
+	l.bg.Tick(every, every, func() {
 		sinceRenew += every
 		all := sinceRenew >= l.cfg.term/4
 		if all {
@@ -28,69 +26,16 @@ func (l *Limiter) start() {
 		}
 		l.renewAll(all)
 	})
-	l.every(heartbeatEvery, l.heartbeat)
-	l.every(l.cfg.poll, l.reread) // an error: the next poll tries again
-	l.soon(l.heartbeat)
-	l.soon(l.reread)
+	l.bg.Tick(0, heartbeatEvery, l.heartbeat)
+	l.bg.Tick(0, l.cfg.poll, l.reread) // an error: the next poll tries again
 }
 
 func (l *Limiter) reread() { _ = l.refresh(context.Background()) }
 
-// every runs f every d until Close; a run that starts before Close ends
-// before Close returns.
-func (l *Limiter) every(d time.Duration, f func()) {
-	var t clock.Timer // set under timersMu before run can read it
-	run := func() {
-		if !l.enter() {
-			return
-		}
-		defer l.wg.Done()
-		f()
-		l.timersMu.Lock()
-		defer l.timersMu.Unlock()
-		if !l.closed.Load() {
-			t.Reset(d)
-		}
-	}
-	l.timersMu.Lock()
-	defer l.timersMu.Unlock()
-	t = l.cfg.clk.AfterFunc(d, run)
-	l.timers = append(l.timers, t)
-}
-
-// enter registers a background run, unless the limiter is closed.
-func (l *Limiter) enter() bool {
-	l.timersMu.Lock()
-	defer l.timersMu.Unlock()
-	if l.closed.Load() {
-		return false
-	}
-	l.wg.Add(1)
-	return true
-}
-
-// soon runs f once, in a timer callback a nanosecond from now (at the
-// next Advance of a manual clock, never inside the caller, which may hold
-// a key's lock), unless the limiter is closed by then.
-func (l *Limiter) soon(f func()) {
-	l.cfg.clk.AfterFunc(time.Nanosecond, func() {
-		if !l.enter() {
-			return
-		}
-		defer l.wg.Done()
-		f()
-	})
-}
-
-// stopBackground stops the timers and waits for runs under way.
-func (l *Limiter) stopBackground() {
-	l.timersMu.Lock()
-	for _, t := range l.timers {
-		t.Stop()
-	}
-	l.timersMu.Unlock()
-	l.wg.Wait()
-}
+// soon runs f once, in a callback a nanosecond from now (at the next
+// Advance of a manual clock, never inside the caller, which may hold a
+// key's lock), unless the limiter is closed by then.
+func (l *Limiter) soon(f func()) { l.bg.After(time.Nanosecond, f) }
 
 // drainKicks gives back what the releases queued in kick left over.
 func (l *Limiter) drainKicks() {

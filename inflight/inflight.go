@@ -40,7 +40,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/background"
 	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
 	"github.com/leasehold/leasehold/remote"
@@ -83,14 +83,9 @@ type Limiter struct {
 	calls        atomic.Int64
 	errors       atomic.Int64
 	closed       atomic.Bool
-	stop         chan struct{} // closed by Close: wakes blocked Acquires
 	kick         chan *slotKey // keys with slots to give back
 	kicking      atomic.Bool   // a drainKicks is scheduled
-	// The background's timers (see start); timersMu orders Close
-	// against runs starting and timers being re-armed.
-	timersMu sync.Mutex
-	timers   []clock.Timer
-	wg       sync.WaitGroup
+	bg           *background.Group
 }
 
 // New returns a limit of slots in flight per key, named name (keys of two
@@ -125,7 +120,7 @@ func NewWithPolicy(store remote.Store, p Policy, opts ...Option) (*Limiter, erro
 	name := p.Name
 	p.Tiers = maps.Clone(p.Tiers)
 	l := &Limiter{cfg: cfg, store: st, name: name, holder: hex.EncodeToString(id[:]),
-		epoch: cfg.clk.Now(), stop: make(chan struct{}), kick: make(chan *slotKey, 256)}
+		epoch: cfg.clk.Now(), kick: make(chan *slotKey, 256), bg: background.New(cfg.clk)}
 	l.policy.Store(&p)
 	if f, ok := store.(remote.Fleet); ok && cfg.fleetSize == 0 {
 		l.fleet = f
@@ -441,7 +436,7 @@ func (l *Limiter) wait(ctx context.Context, ch chan struct{}) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-l.stop:
+	case <-l.bg.Done:
 		return ErrClosed
 	case <-ch:
 	case <-t.C():
@@ -617,10 +612,8 @@ func (l *Limiter) Close(ctx context.Context) error {
 	if !l.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	l.timersMu.Lock()
-	close(l.stop)
-	l.timersMu.Unlock()
-	l.stopBackground()
+	l.bg.Close()
+	l.bg.Wait()
 	keys := l.keys.all()
 	var failed int
 	for _, k := range keys {

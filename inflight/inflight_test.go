@@ -27,8 +27,8 @@ func newLimiter(t *testing.T, store remote.Store, slots int64, opts ...Option) *
 // process that dies would.
 func crash(l *Limiter) {
 	if l.closed.CompareAndSwap(false, true) {
-		close(l.stop)
-		l.stopBackground()
+		l.bg.Close()
+		l.bg.Wait()
 	}
 }
 

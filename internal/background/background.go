@@ -1,4 +1,4 @@
-package hybrid
+package background
 
 import (
 	"context"
@@ -8,20 +8,21 @@ import (
 	"github.com/leasehold/leasehold/clock"
 )
 
-// Background work runs in callbacks of the limiter's clock, never in
-// goroutines of its own: with the real clock each callback gets a
+// Package background runs a limiter's background work in callbacks of its
+// clock, never in goroutines of its own: with the real clock each callback gets a
 // goroutine from the runtime, and with clock.Manual every callback runs
 // inside Advance, so a simulation (or a test) that drives the clock
 // decides exactly when background work happens, deterministically.
 
-// background owns the limiter's lifetime: every callback and store flight
-// enters it, and Close stops new ones and waits for the running ones.
-type background struct {
+// Group owns a limiter's lifetime: every callback and store flight enters
+// it, and Close stops new ones and waits for the running ones.
+type Group struct {
 	clk clock.Clock
-	// ctx ends when Close begins; background store calls run under it.
-	ctx    context.Context
+	// Ctx ends when Close begins; background store calls run under it.
+	Ctx    context.Context
 	cancel context.CancelFunc
-	stop   chan struct{} // closed when Close begins
+	// Done is closed when Close begins.
+	Done chan struct{}
 	wg     sync.WaitGroup
 	mu     struct {
 		sync.Mutex
@@ -30,16 +31,17 @@ type background struct {
 	}
 }
 
-func newBackground(clk clock.Clock) *background {
-	b := &background{clk: clk, stop: make(chan struct{})}
-	b.ctx, b.cancel = context.WithCancel(context.Background())
+// New returns a Group whose callbacks run on clk.
+func New(clk clock.Clock) *Group {
+	b := &Group{clk: clk, Done: make(chan struct{})}
+	b.Ctx, b.cancel = context.WithCancel(context.Background())
 	return b
 }
 
-// enter registers one unit of background work; it reports false, and
+// Enter registers one unit of background work; it reports false, and
 // registers nothing, once Close has begun. Each true must be matched by
-// exit.
-func (b *background) enter() bool {
+// Exit.
+func (b *Group) Enter() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.mu.closed {
@@ -49,17 +51,17 @@ func (b *background) enter() bool {
 	return true
 }
 
-func (b *background) exit() { b.wg.Done() }
+func (b *Group) Exit() { b.wg.Done() }
 
-// after runs f after d on the limiter's clock. Close waits for the callback
+// After runs f after d on the limiter's clock. Close waits for the callback
 // or stops it. It returns nil, scheduling nothing, once Close has begun.
 // With a manual clock and d ≤ 0, f runs before after returns.
-func (b *background) after(d time.Duration, f func()) clock.Timer {
-	if !b.enter() {
+func (b *Group) After(d time.Duration, f func()) clock.Timer {
+	if !b.Enter() {
 		return nil
 	}
 	t := b.clk.AfterFunc(d, func() {
-		defer b.exit()
+		defer b.Exit()
 		f()
 	})
 	return bgTimer{Timer: t, b: b}
@@ -68,20 +70,20 @@ func (b *background) after(d time.Duration, f func()) clock.Timer {
 // bgTimer releases Close's wait when a callback is stopped before it ran.
 type bgTimer struct {
 	clock.Timer
-	b *background
+	b *Group
 }
 
 func (t bgTimer) Stop() bool {
 	if t.Timer.Stop() {
-		t.b.exit()
+		t.b.Exit()
 		return true
 	}
 	return false
 }
 
-// tick runs f first after `first` (at least 1 ns, so it never runs inside
+// Tick runs f first after `first` (at least 1 ns, so it never runs inside
 // New), then every interval, until Close.
-func (b *background) tick(first, every time.Duration, f func()) {
+func (b *Group) Tick(first, every time.Duration, f func()) {
 	tk := &ticker{b: b, every: every, f: f}
 	tk.mu.Lock()
 	tk.scheduleLocked(max(first, time.Nanosecond))
@@ -91,9 +93,9 @@ func (b *background) tick(first, every time.Duration, f func()) {
 	b.mu.Unlock()
 }
 
-// close stops new work, ends ctx and stops the tickers; it reports false
-// if it was already closed. Running work is not waited for (see wait).
-func (b *background) close() bool {
+// Close stops new work, ends ctx and stops the tickers; it reports false
+// if it was already closed. Running work is not waited for (see Wait).
+func (b *Group) Close() bool {
 	b.mu.Lock()
 	if b.mu.closed {
 		b.mu.Unlock()
@@ -102,7 +104,7 @@ func (b *background) close() bool {
 	b.mu.closed = true
 	tickers := b.mu.tickers
 	b.mu.Unlock()
-	close(b.stop)
+	close(b.Done)
 	b.cancel()
 	for _, tk := range tickers {
 		tk.halt()
@@ -110,12 +112,12 @@ func (b *background) close() bool {
 	return true
 }
 
-// wait blocks until every callback and flight has exited.
-func (b *background) wait() { b.wg.Wait() }
+// Wait blocks until every callback and flight has exited.
+func (b *Group) Wait() { b.wg.Wait() }
 
 // ticker runs f every interval on the limiter's clock until halted.
 type ticker struct {
-	b     *background
+	b     *Group
 	every time.Duration
 	f     func()
 	mu    sync.Mutex
@@ -127,7 +129,7 @@ func (tk *ticker) scheduleLocked(d time.Duration) {
 	if tk.done {
 		return
 	}
-	tk.t = tk.b.after(d, tk.fire)
+	tk.t = tk.b.After(d, tk.fire)
 }
 
 func (tk *ticker) fire() {
