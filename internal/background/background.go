@@ -23,8 +23,8 @@ type Group struct {
 	cancel context.CancelFunc
 	// Done is closed when Close begins.
 	Done chan struct{}
-	wg     sync.WaitGroup
-	mu     struct {
+	wg   sync.WaitGroup
+	mu   struct {
 		sync.Mutex
 		closed  bool
 		tickers []*ticker
