@@ -7,29 +7,34 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/local"
 	"golang.org/x/time/rate"
 )
 
 // benchPolicies are the policy shapes a leased decision must cost the same
-// on: one token bucket, a sliding window, and two limits.
+// on: one token bucket, a sliding window, and two limits; and a token
+// bucket under WithStrictWindows, whose decision reads the (real) clock.
 var benchPolicies = []struct {
 	name string
 	p    Policy
+	opts []Option
 }{
-	{"gcra", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}}},
-	{"window", Policy{Name: "bench", Limit: Limit{Rate: 1e12, Period: time.Second, Burst: 1e12}, Algorithm: SlidingWindow}},
+	{"gcra", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}}, nil},
+	{"gcra-strict", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}},
+		[]Option{WithStrictWindows(true), WithClock(clock.Real())}},
+	{"window", Policy{Name: "bench", Limit: Limit{Rate: 1e12, Period: time.Second, Burst: 1e12}, Algorithm: SlidingWindow}, nil},
 	{"composite", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12},
-		Also: []Limit{{Rate: 1e12, Period: time.Hour, Burst: 1e12}}}},
+		Also: []Limit{{Rate: 1e12, Period: time.Hour, Burst: 1e12}}}, nil},
 }
 
 // hotLimiterOf returns a limiter of p whose key "hot" holds a lease large
 // enough for any benchmark: the fast path never runs dry, so the benchmark
 // measures exactly the decision on a leased key.
-func hotLimiterOf(tb testing.TB, p Policy) *Limiter {
+func hotLimiterOf(tb testing.TB, p Policy, opts ...Option) *Limiter {
 	tb.Helper()
 	w := newFakeWorld()
-	l, err := New(w.store, p, WithClock(w.clk))
+	l, err := New(w.store, p, append([]Option{WithClock(w.clk)}, opts...)...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -48,7 +53,7 @@ func hotLimiterOf(tb testing.TB, p Policy) *Limiter {
 
 func TestAllowOnLeasedKeyAllocatesNothing(t *testing.T) {
 	for _, bp := range benchPolicies {
-		l := hotLimiterOf(t, bp.p)
+		l := hotLimiterOf(t, bp.p, bp.opts...)
 		ctx := context.Background()
 		if a := testing.AllocsPerRun(10000, func() { l.Allow(ctx, "hot") }); a != 0 {
 			t.Fatalf("%s: Allow on a leased key allocates %v per call, want 0", bp.name, a)
@@ -71,7 +76,7 @@ func BenchmarkAllow(b *testing.B) {
 		}
 		for _, bp := range benchPolicies {
 			b.Run(fmt.Sprintf("impl=hybrid/policy=%s/%s", bp.name, mode), func(b *testing.B) {
-				l := hotLimiterOf(b, bp.p)
+				l := hotLimiterOf(b, bp.p, bp.opts...)
 				b.ReportAllocs()
 				b.ResetTimer()
 				if par {

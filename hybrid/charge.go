@@ -123,12 +123,15 @@ func (c *Charge) Settled() bool { return c.settled.Load() }
 
 // refund gives back n tokens of a settled charge on key: into e's lease
 // when the key is tracked (spent or given back with it), else to the
-// bucket. Sliding windows and several limits get nothing back.
+// bucket. Under WithStrictWindows always to the bucket: a lease's tokens
+// live only as long as their bucket takes to refill from their grant (see
+// leaser.lifetime), which a refund has not. Sliding windows and several
+// limits get nothing back.
 func (l *Limiter) refund(p *policyState, e *entry, key string, tier uint16, n int64) {
 	if p.shaped {
 		return
 	}
-	if e != nil && e.lease.Add(n, int64(l.cfg.now().add(l.cfg.leaseTTL))) {
+	if e != nil && !l.leaser.strict(p) && e.lease.Add(n, int64(l.cfg.now().add(l.cfg.leaseTTL))) {
 		l.stats.tokensLeased.Add(n)
 		return
 	}
@@ -141,7 +144,7 @@ func (l *Limiter) refund(p *policyState, e *entry, key string, tier uint16, n in
 // then its grant, the rest as a debit to the bucket.
 func (l *Limiter) chargeExtra(p *policyState, e *entry, key string, tier uint16, n int64) {
 	if e != nil {
-		n -= takeUpTo(e, n)
+		n -= takeUpTo(e, n, l.cfg.spendAt())
 		if h := e.held(); h != nil && n > 0 {
 			n -= h.takeUpTo(l.cfg.now(), n)
 		}
@@ -154,14 +157,15 @@ func (l *Limiter) chargeExtra(p *policyState, e *entry, key string, tier uint16,
 	l.settle.soon(reconcile.Item{Op: remote.OpDebit, Req: req})
 }
 
-// takeUpTo takes at most n tokens from e's lease and returns how many.
-func takeUpTo(e *entry, n int64) int64 {
+// takeUpTo takes at most n tokens from e's lease at now and returns how
+// many.
+func takeUpTo(e *entry, n int64, now mono) int64 {
 	for {
-		k := min(n, e.lease.Tokens())
+		k := min(n, e.live(now))
 		if k <= 0 {
 			return 0
 		}
-		if ok, _ := e.lease.Take(k); ok {
+		if ok, _ := e.lease.TakeBefore(k, int64(now)); ok {
 			return k
 		}
 	}

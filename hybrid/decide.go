@@ -21,12 +21,13 @@ const maxStoreRounds = 3
 
 // Allow reports whether one request on key may proceed now. It is
 // shorthand for AllowN(ctx, key, 1).Allowed, without building a Decision:
-// on a key with leased tokens it reads no clock and allocates nothing.
+// on a key with leased tokens it allocates nothing and reads no clock
+// (but for WithStrictWindows).
 // Invalid keys are rejected (AllowN says why).
 func (l *Limiter) Allow(ctx context.Context, key string) bool {
 	// leased, inlined by hand: the call costs BenchmarkAllow about 10%.
 	if e := l.keys.entries.load(key); e != nil && (l.cfg.tierOf == nil || l.inTier(e, key)) {
-		if ok, low, _ := e.spend(1); ok {
+		if ok, low, _ := e.spend(1, l.cfg.spendAt()); ok {
 			if low {
 				l.leaser.refillAsync(e)
 			}
@@ -52,7 +53,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 // (remote.ErrCorruptState).
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
 	if n > 0 {
-		e, ok, left := l.leased(key, n)
+		e, ok, left := l.leased(key, n, l.cfg.spendAt())
 		if ok {
 			t, now := l.policy.load().tier(e), l.cfg.now()
 			return Decision{Allowed: true, Limit: t.limits[0], Remaining: e.answer.remaining(t.est, left, now),
@@ -97,15 +98,15 @@ func (l *Limiter) grantDecided(e *entry, n int64, allowed bool, now mono) {
 	l.grants.overdue(e, now)
 }
 
-// leased takes n tokens from the lease of key's entry, if the key is
-// tracked under the tier it is in now; e is that entry, nil when the key
-// is not tracked under its tier (its grant is not its to spend either).
-// Every decision spends leased tokens through leaser.spend, here (Allow,
-// AllowN, ReserveN) or on the entry it holds (allowSlow). It reads no
-// clock and allocates nothing.
-func (l *Limiter) leased(key string, n int64) (e *entry, ok bool, left int64) {
+// leased takes n tokens at at (Config.spendAt) from the lease of key's entry, if the key
+// is tracked under the tier it is in now; e is that entry, nil when the
+// key is not tracked under its tier (its grant is not its to spend
+// either). Every decision spends leased tokens through leaser.spend, here
+// (Allow, AllowN, ReserveN) or on the entry it holds (allowSlow). It
+// allocates nothing.
+func (l *Limiter) leased(key string, n int64, at mono) (e *entry, ok bool, left int64) {
 	if e = l.keys.entries.load(key); e != nil && (l.cfg.tierOf == nil || l.inTier(e, key)) {
-		ok, left = l.leaser.spend(e, n)
+		ok, left = l.leaser.spend(e, n, at)
 		return e, ok, left
 	}
 	return nil, false, 0
@@ -175,10 +176,10 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 	}
 	for round := 0; ; round++ {
 		p = l.policy.load() // a store reply may have brought a newer policy
-		if ok, left := l.leaser.spend(e, n); ok {
+		now := l.cfg.now()
+		if ok, left := l.leaser.spend(e, n, l.cfg.spendAtNow(now)); ok {
 			return l.admit(e, p, left, round > 0), nil
 		}
-		now := l.cfg.now()
 		if d, ok := l.fromGrant(e, p, n, now); ok {
 			return d, nil
 		}
@@ -191,6 +192,13 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 		e.waiting.Add(-n)
 		if err != nil {
 			return l.storeFailed(ctx, e, p, n, now, err)
+		}
+		if out.handed {
+			// The call's tokens for this caller, admitted by the store
+			// as it granted them (a lease from a full bucket holds
+			// nothing past that, see leaser.lifetime).
+			e.admits.Add(1)
+			return l.admit(e, l.policy.load(), e.live(l.cfg.spendAtNow(out.at)), true), nil
 		}
 		if !out.deposited {
 			return l.reject(e, p, SourceRemote, max(out.retry, time.Microsecond), out.at), nil
@@ -226,7 +234,7 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 		return l.outage.decide(e, p, n, now), true, nil
 	}
 	if l.leaser.pace.catchUp(e, now) {
-		if ok, left := l.leaser.spend(e, n); ok {
+		if ok, left := l.leaser.spend(e, n, l.cfg.spendAtNow(now)); ok {
 			return l.admit(e, p, left, false), true, nil
 		}
 	}
@@ -320,7 +328,7 @@ func (l *Limiter) reject(e *entry, p *policyState, src Source, wait time.Duratio
 			lim = t.limits[b]
 		}
 	}
-	return Decision{Limit: lim, Remaining: e.answer.remaining(t.est, e.lease.Tokens(), now), RetryAfter: wait,
+	return Decision{Limit: lim, Remaining: e.answer.remaining(t.est, e.live(l.cfg.spendAtNow(now)), now), RetryAfter: wait,
 		ResetAfter: e.answer.resetAfter(now), Source: src}
 }
 

@@ -137,6 +137,15 @@ func (e *entry) takeDebt() int64 {
 	return 0
 }
 
+// live returns the tokens e's lease can still spend at at (see
+// config.spendAt): none once it has expired.
+func (e *entry) live(now mono) int64 {
+	if int64(now) >= e.lease.Expiry() {
+		return 0
+	}
+	return e.lease.Tokens()
+}
+
 // setLowWater sets the low-water mark, clamped to the field.
 func (e *entry) setLowWater(n int64) { e.lowWater.Store(int32(min(n, math.MaxInt32))) }
 
@@ -183,11 +192,12 @@ func newEntry(key string) *entry {
 	return e
 }
 
-// spend takes n tokens from the lease and counts the admission; low
-// reports that the lease fell below its low-water mark. Small enough to
-// inline, so a decision on a leased key makes no call.
-func (e *entry) spend(n int64) (ok, low bool, left int64) {
-	if ok, left = e.lease.Take(n); ok {
+// spend takes n tokens from the lease at now, before the lease expires
+// (a now of noExpiry: whatever its expiry), and counts the admission; low reports that the lease fell below its
+// low-water mark. Small enough to inline, so a decision on a leased key
+// makes no call.
+func (e *entry) spend(n int64, now mono) (ok, low bool, left int64) {
+	if ok, left = e.lease.TakeBefore(n, int64(now)); ok {
 		e.admits.Add(1)
 		low = left < int64(e.lowWater.Load())
 	}

@@ -4,6 +4,7 @@ import (
 	"github.com/leasehold/leasehold/internal/background"
 	"runtime"
 	"sync"
+	"sync/atomic"
 )
 
 // One store flight per key: concurrent callers that need the store for a
@@ -20,6 +21,8 @@ type flight struct {
 	done chan struct{}
 	out  fetchOutcome
 	err  error
+	// handout is what is left of out.handout for the callers.
+	handout atomic.Int64
 	// What the call is for: the leaser, the key's entry and the
 	// leader's need (0 for a background refill).
 	ls   *leaser
@@ -66,7 +69,24 @@ func (t *flightTable) finish(key string, f *flight, out fetchOutcome, err error)
 	delete(t.m, key)
 	t.mu.Unlock()
 	f.out, f.err = out, err
+	f.handout.Store(out.handout)
 	close(f.done)
+}
+
+// outcomeFor is f's outcome for a caller of need tokens, once done: handed
+// when the call's handout still held them, which the caller has then.
+func (f *flight) outcomeFor(need int64) fetchOutcome {
+	out := f.out
+	for {
+		left := f.handout.Load()
+		if left < need {
+			return out
+		}
+		if f.handout.CompareAndSwap(left, left-need) {
+			out.handed = true
+			return out
+		}
+	}
 }
 
 // workers runs flights handed over by callers that wait with a deadline.

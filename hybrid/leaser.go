@@ -43,12 +43,12 @@ type leaser struct {
 	lostLogged atomic.Bool
 }
 
-// spend takes n tokens from e's lease for one decision and returns the
+// spend takes n tokens from e's lease at now for one decision and returns the
 // tokens left, starting a background refill when the lease falls below
 // its low-water mark. It is the hot path: e.spend inlines, and the refill
 // call runs about once per batch.
-func (ls *leaser) spend(e *entry, n int64) (ok bool, left int64) {
-	ok, low, left := e.spend(n)
+func (ls *leaser) spend(e *entry, n int64, now mono) (ok bool, left int64) {
+	ok, low, left := e.spend(n, now)
 	if low {
 		ls.refillAsync(e)
 	}
@@ -68,6 +68,12 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int6
 	horizon := ls.cfg.horizon
 	if p.hold > 0 {
 		horizon = min(horizon, p.life) // a window's lease lives that long
+	}
+	if ls.strict(p) {
+		// A lease lives as long as the bucket takes to refill (see
+		// lifetime): by the last answer, until it is full. What the
+		// key will not spend by then would be dropped.
+		horizon = min(horizon, max(e.answer.resetAt.Load().sub(now), 0))
 	}
 	perHorizon := rate * horizon.Seconds()
 	batch := int64(math.Ceil(perHorizon))
@@ -101,8 +107,13 @@ func (ls *leaser) refillAsync(e *entry) {
 // fetchOutcome is what a flight did for its callers.
 type fetchOutcome struct {
 	deposited bool
-	retry     time.Duration
-	at        mono // when the outcome was known
+	// handout is the tokens the call brought for the callers waiting on
+	// it, kept out of the lease (see lifetime); handed reports that this
+	// caller's n were among them.
+	handout int64
+	handed  bool
+	retry   time.Duration
+	at      mono // when the outcome was known
 }
 
 // errSlowFlight reports a synchronous caller that stopped waiting for a
@@ -131,14 +142,14 @@ func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome
 	}
 	select {
 	case <-f.done: // done already, or soon: no timer
-		return f.out, f.err
+		return f.outcomeFor(need), f.err
 	default:
 	}
 	t := ls.cfg.clk.NewTimer(ls.cfg.storeTimeout)
 	defer t.Stop()
 	select {
 	case <-f.done:
-		return f.out, f.err
+		return f.outcomeFor(need), f.err
 	case <-t.C():
 		return fetchOutcome{}, errSlowFlight
 	case <-ctx.Done():
@@ -157,12 +168,13 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	// leases nothing, its grant decides (a background refill of tokens
 	// leased before the grant would find the bucket emptied by the
 	// grants: measured, one empty-handed call per holder).
-	if need > 0 && e.lease.Tokens() >= need {
+	if need > 0 && e.live(ls.cfg.spendAtNow(start)) >= need {
 		return fetchOutcome{deposited: true, at: start}, nil
 	}
 	if h := e.held(); h != nil && h.serves(start, max(need, 1)) {
 		return fetchOutcome{deposited: true, at: start}, nil
 	}
+	waiters := max(need, e.waiting.Load()) // the request is sized for them
 	var until mono
 	if need > 0 {
 		// A caller waits for tokens a reservation releases soon; a
@@ -171,7 +183,7 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	}
 	short := need
 	if need > 0 {
-		short = max(need-e.lease.Tokens(), 1) // the lease holds the rest
+		short = max(need-e.live(ls.cfg.spendAtNow(start)), 1) // the lease holds the rest
 	}
 	until = max(until, e.refusedUntil(max(short, 1), start)) // a refusal for as many or fewer tokens
 	if until > start {
@@ -206,7 +218,7 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	ls.stats.storeLatency.observe(float64(now-start) / 1e9)
 	ls.lastOK.Store(now)
 	ls.offset.Observe(ls.cfg.epoch.Add(time.Duration(start)), ls.cfg.epoch.Add(time.Duration(now)), res.Now)
-	return ls.apply(e, p, res, req.Need, start, now), nil
+	return ls.apply(e, p, res, req.Need, waiters, start, now), nil
 }
 
 // request builds the lease request for e: sized for every caller waiting
@@ -274,8 +286,9 @@ func atLimit(e *entry, t *tierState) bool {
 }
 
 // apply records a lease reply on e under p, for a request that needed need
-// tokens, sent at start and answered at now.
-func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need int64, start, now mono) fetchOutcome {
+// tokens and was sized for waiters tokens of callers waiting on it, sent
+// at start and answered at now.
+func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need, waiters int64, start, now mono) fetchOutcome {
 	if res.Granted > 0 {
 		ls.stats.leaseSizes.observe(float64(res.Granted))
 	}
@@ -301,15 +314,31 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need int64,
 		e.answer.forget()
 		ls.depositHeld(e, p, res.Granted, res.Now, start.add(p.life))
 		return fetchOutcome{deposited: true, at: now}
+	case res.Granted > 0 && res.Delay <= 0 && !ls.strict(p):
+		ls.stats.leaseGrants.Add(1)
+		e.answer.forget()
+		ls.deposit(e, res.Granted, now.add(ls.cfg.leaseTTL), now)
+		return fetchOutcome{deposited: true, at: now}
 	case res.Granted > 0 && res.Delay <= 0:
 		ls.stats.leaseGrants.Add(1)
 		e.answer.forget()
-		ls.deposit(e, res.Granted, now)
-		return fetchOutcome{deposited: true, at: now}
+		// The waiting callers' tokens are theirs at once: the store
+		// admitted them when it granted them. The rest lives only as
+		// long as the bucket takes to refill.
+		hand := min(res.Granted, waiters)
+		ls.stats.tokensLeased.Add(hand)
+		if rest := res.Granted - hand; rest > 0 {
+			ls.deposit(e, rest, ls.lifetime(p.tier(e), res, start), now)
+		}
+		return fetchOutcome{deposited: true, handout: hand, at: now}
 	case res.Granted > 0:
 		ls.stats.leaseGrants.Add(1)
 		e.answer.forget()
-		ls.pace.reserve(e, p.tier(e).limits[0], res.Granted, res.Delay, now)
+		until := mono(math.MaxInt64) // given back when it expires, as leases are
+		if ls.strict(p) {
+			until = ls.lifetime(p.tier(e), res, start)
+		}
+		ls.pace.reserve(e, p.tier(e).limits[0], res.Granted, res.Delay, now, until)
 		return fetchOutcome{retry: res.Delay, at: now}
 	default:
 		if ls.grants != nil {
@@ -342,20 +371,75 @@ func (ls *leaser) bucketLost(e *entry) {
 	}
 }
 
-// deposit puts granted tokens in e's lease; if e was closed meanwhile
-// (eviction, Close) they go back to the store instead.
-func (ls *leaser) deposit(e *entry, n int64, now mono) {
-	ls.stats.tokensLeased.Add(n)
-	if e.lease.Add(n, int64(now.add(ls.cfg.leaseTTL))) {
-		e.inflow.Add(n)
-		return
+// lifetime is when the tokens of a lease on a token bucket (t's limit,
+// one limit), sent for at start and answered with res, stop being
+// spendable: start plus the time the bucket, as it was before the grant,
+// takes to refill to Burst. This is what keeps the bound in every window,
+// not only from the start, whoever holds what. Take the earliest grant
+// whose tokens some process still holds, at τ, from a level L: every later
+// grant came out of the bucket, which only refill raised since (a lease's
+// unspent tokens are dropped at its end, never given back), so at any t
+// the bucket plus every held token is at most L + Rate·(t − τ), which is
+// Burst at that grant's end; past it, the next earliest takes over. A
+// lease from a full bucket so holds nothing past its callers, and one from
+// a bucket in deficit (a key near or at its limit, future-dated grants
+// out) lives as long as the deficit takes to refill.
+//
+// ResetAfter is the time to full after the grant, rounded up to the
+// microsecond; the grant's own refill time comes off it. A bucket that
+// keeps capacity grants refills slower and to less than Burst, so its
+// leases hold nothing past their callers.
+func (ls *leaser) lifetime(t *tierState, res remote.Result, start mono) mono {
+	if res.Holders > 0 {
+		return start
 	}
-	ls.giveBack(e, n)
+	lim := t.limits[0]
+	own := time.Duration(math.Ceil(float64(res.Granted) * float64(lim.Period) / float64(max(lim.Rate, 1))))
+	return start.add(max(res.ResetAfter-time.Microsecond-own, 0))
 }
 
-// giveBack settles n of e's tokens that can no longer be spent.
+// strict reports whether leases under p end as their bucket refills
+// (WithStrictWindows, a token bucket).
+func (ls *leaser) strict(p *policyState) bool { return ls.cfg.strict && !p.shaped }
+
+// deposit puts n granted tokens in e's lease, spendable until until under
+// WithStrictWindows, else given back when the lease expires (TTL from
+// now); if e was closed meanwhile (eviction, Close) they can no longer be
+// spent.
+func (ls *leaser) deposit(e *entry, n int64, until, now mono) {
+	ls.stats.tokensLeased.Add(n)
+	p := ls.policy.load()
+	if !ls.strict(p) {
+		if e.lease.Add(n, int64(now.add(ls.cfg.leaseTTL))) {
+			e.inflow.Add(n)
+			return
+		}
+		ls.giveBack(e, n)
+		return
+	}
+	step := max(tokenStep(p.tier(e).limits[0]), 1) + 1
+	e.mu.Lock() // the lease's writers are serialized
+	ok, expired := e.lease.AddUntil(n, int64(until), int64(now), step)
+	if ok {
+		e.inflow.Add(n - expired)
+	}
+	e.mu.Unlock()
+	ls.stats.tokensExpired.Add(expired)
+	if !ok {
+		ls.giveBack(e, n)
+	}
+}
+
+// giveBack settles n of e's tokens that can no longer be spent: given
+// back to the bucket, but for WithStrictWindows, which drops a token
+// bucket's (see lifetime: a bucket that got them back could refill past
+// Burst under leases others hold).
 func (ls *leaser) giveBack(e *entry, n int64) {
-	ls.settle.later(ls.returnItem(ls.policy.load(), e, n))
+	if p := ls.policy.load(); !ls.strict(p) {
+		ls.settle.later(ls.returnItem(p, e, n))
+		return
+	}
+	ls.stats.tokensExpired.Add(n)
 }
 
 // depositHeld puts tokens of a sliding window, granted at store time
@@ -421,31 +505,53 @@ func (ls *leaser) stopDrain(e *entry) {
 func (ls *leaser) release(p *policyState, e *entry) []reconcile.Item {
 	ls.stopDrain(e)
 	var out []reconcile.Item
-	if n := e.lease.Close(); n > 0 {
+	e.mu.Lock()
+	n := e.lease.Close()
+	e.mu.Unlock()
+	if n > 0 {
 		e.inflow.Add(-n)
-		out = append(out, ls.returnItem(p, e, n))
+		out = append(out, ls.settleUnspent(p, e, n)...)
 	}
 	if n := ls.pace.cancel(e); n > 0 {
-		out = append(out, ls.returnItem(p, e, n))
+		out = append(out, ls.settleUnspent(p, e, n)...)
 	}
 	return out
 }
 
 // drainExpired takes back e's lease if it expired at or before now.
 func (ls *leaser) drainExpired(p *policyState, e *entry, now mono) []reconcile.Item {
-	if n := e.lease.DrainExpired(int64(now)); n > 0 {
+	if mono(e.lease.Expiry()) > now {
+		return nil
+	}
+	e.mu.Lock()
+	n := e.lease.DrainExpired(int64(now))
+	e.mu.Unlock()
+	if n > 0 {
 		e.inflow.Add(-n)
+		return ls.settleUnspent(p, e, n)
+	}
+	return nil
+}
+
+// settleUnspent is what becomes of n of e's tokens that will not be spent
+// (expired, cut, released): given back, or dropped (see giveBack).
+func (ls *leaser) settleUnspent(p *policyState, e *entry, n int64) []reconcile.Item {
+	if !ls.strict(p) {
 		return []reconcile.Item{ls.returnItem(p, e, n)}
 	}
+	ls.stats.tokensExpired.Add(n)
 	return nil
 }
 
 // cut trims e's lease to at most keep tokens and returns the excess as a
 // settlement to e's buckets under p.
 func (ls *leaser) cut(p *policyState, e *entry, keep int64) []reconcile.Item {
-	if n := e.lease.Cut(keep); n > 0 {
+	e.mu.Lock()
+	n := e.lease.Cut(keep)
+	e.mu.Unlock()
+	if n > 0 {
 		e.inflow.Add(-n)
-		return []reconcile.Item{ls.returnItem(p, e, n)}
+		return ls.settleUnspent(p, e, n)
 	}
 	return nil
 }

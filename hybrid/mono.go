@@ -1,8 +1,11 @@
 package hybrid
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/leasehold/leasehold/clock"
 )
 
 // mono is a time on the limiter's monotonic clock: nanoseconds since the
@@ -12,9 +15,32 @@ import (
 // passed where store time is wanted, or the reverse, does not compile.
 type mono int64
 
+// noExpiry is the time a decision passes to spend when leases expire
+// only when the sweep drains them (without WithStrictWindows): the hot
+// path then reads no clock.
+const noExpiry = mono(math.MinInt64)
+
+// spendAt is the time a decision spends leased tokens at: now under
+// WithStrictWindows, whose leases end exactly (see leaser.lifetime),
+// noExpiry otherwise.
+func (c *config) spendAt() mono {
+	if c.strict {
+		return c.now()
+	}
+	return noExpiry
+}
+
+// spendAtNow is spendAt for a decision that has read now already.
+func (c *config) spendAtNow(now mono) mono {
+	if c.strict {
+		return now
+	}
+	return noExpiry
+}
+
 // now is the process clock in nanoseconds since the limiter was created:
 // monotonic with the real clock, and read once per decision.
-func (c *config) now() mono { return mono(c.clk.Now().Sub(c.epoch)) }
+func (c *config) now() mono { return mono(clock.Since(c.clk, c.epoch)) }
 
 // add returns t moved by d.
 func (t mono) add(d time.Duration) mono { return t + mono(d) }

@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"github.com/leasehold/leasehold/internal/background"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ type reservation struct {
 	end       mono        // when the last token becomes spendable
 	step      int64       // ns per token, rounded down
 	timer     clock.Timer // the next release; under reservations.mu
+	until     mono        // when its tokens stop being spendable (leaser.lifetime)
 }
 
 // releaseLag keeps each release strictly after the store's µs-rounded
@@ -155,7 +157,7 @@ func (rs *reservations) readyAt(k int64) mono {
 // depositor puts tokens into a key's lease, or gives them back to the
 // store when they can no longer be spent (the leaser).
 type depositor interface {
-	deposit(e *entry, n int64, now mono)
+	deposit(e *entry, n int64, until, now mono)
 	giveBack(e *entry, n int64)
 }
 
@@ -171,15 +173,16 @@ type pacer struct {
 }
 
 // reserve holds a future-dated grant of n tokens of e under lim, whole at
-// now+delay, and releases it into e's lease at lim's pace. Until a release
-// the key rejects locally with the exact wait for it.
-func (pc *pacer) reserve(e *entry, lim Limit, n int64, delay time.Duration, now mono) {
+// now+delay and spendable until until (its lease's lifetime), and releases
+// it into e's lease at lim's pace. Until a release the key rejects locally
+// with the exact wait for it.
+func (pc *pacer) reserve(e *entry, lim Limit, n int64, delay time.Duration, now, until mono) {
 	if !pc.bg.Enter() {
 		pc.into.giveBack(e, n)
 		return
 	}
 	pc.stats.tokensReserved.Add(n)
-	r := &reservation{n: n, end: now.add(delay), step: tokenStep(lim)}
+	r := &reservation{n: n, end: now.add(delay), step: tokenStep(lim), until: until}
 	rs := &e.extra().pace
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
@@ -221,7 +224,7 @@ func (pc *pacer) releaseDue(e *entry, r *reservation) {
 	rs.publishLocked()
 	rs.mu.Unlock()
 	if n > 0 {
-		pc.into.deposit(e, n, now)
+		pc.into.deposit(e, n, r.until, now)
 	}
 	if done {
 		pc.bg.Exit()
@@ -243,15 +246,19 @@ func (pc *pacer) catchUp(e *entry, now mono) bool {
 	rs := &r.pace
 	rs.mu.Lock()
 	var n int64
+	until := mono(math.MaxInt64)
 	for _, x := range rs.list {
 		due := x.dueBy(now)
-		n += max(due-x.delivered, 0)
+		if due > x.delivered {
+			n += due - x.delivered
+			until = min(until, x.until) // the earliest lifetime of those released
+		}
 		x.delivered = max(due, x.delivered)
 	}
 	rs.publishLocked()
 	rs.mu.Unlock()
 	if n > 0 {
-		pc.into.deposit(e, n, now)
+		pc.into.deposit(e, n, until, now)
 	}
 	return n > 0
 }

@@ -11,8 +11,8 @@ import (
 // countingDepositor counts what a pacer deposits and gives back.
 type countingDepositor struct{ deposited, given int64 }
 
-func (c *countingDepositor) deposit(_ *entry, n int64, _ mono) { c.deposited += n }
-func (c *countingDepositor) giveBack(_ *entry, n int64)        { c.given += n }
+func (c *countingDepositor) deposit(_ *entry, n int64, _, _ mono) { c.deposited += n }
+func (c *countingDepositor) giveBack(_ *entry, n int64)           { c.given += n }
 
 // TestPacerNeverDeliversTwice: a release timer that read the clock before
 // catchUp delivered with a later time must not move delivered back (the
@@ -28,7 +28,7 @@ func TestPacerNeverDeliversTwice(t *testing.T) {
 	pc := pacer{cfg: cfg, bg: bg, stats: &stats, into: into}
 	e := newEntry("k")
 	lim := Limit{Rate: 20, Period: time.Second, Burst: 20} // 50 ms a token
-	pc.reserve(e, lim, 10, 500*time.Millisecond, cfg.now())
+	pc.reserve(e, lim, 10, 500*time.Millisecond, cfg.now(), cfg.now()+mono(time.Second))
 	// A decision that read the clock at t0+300 ms catches up before the
 	// timers that are due earlier have run; they then run with earlier
 	// times than the one delivered for.

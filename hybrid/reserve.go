@@ -68,7 +68,7 @@ func (l *Limiter) ReserveN(ctx context.Context, key string, n int64) (*Reservati
 		return nil, err
 	}
 	r := &Reservation{l: l, key: key, tier: tier, n: n, at: l.cfg.clk.Now()}
-	if _, ok, _ := l.leased(key, n); ok {
+	if _, ok, _ := l.leased(key, n, l.cfg.spendAt()); ok {
 		r.ok = true
 		return r, nil
 	}

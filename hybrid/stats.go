@@ -28,6 +28,11 @@ type Stats struct {
 	// outage began: they fall due during the outage, which the degraded
 	// share covers, so they are neither spent nor given back.
 	TokensDropped int64
+	// TokensExpired counts leased tokens of a token bucket that reached
+	// the end of their lease unspent (the time their bucket took to
+	// refill) and were dropped: given back, they could let the bucket
+	// refill past Burst under leases others still hold.
+	TokensExpired int64
 	// TokensDebited counts tokens admitted during outages and charged to
 	// the store afterwards.
 	TokensDebited int64
@@ -86,6 +91,7 @@ type counters struct {
 	tokensLeased   atomic.Int64
 	tokensReturned atomic.Int64
 	tokensDropped  atomic.Int64
+	tokensExpired  atomic.Int64
 	tokensReserved atomic.Int64
 	tokensDebited  atomic.Int64
 	leaseGrants    atomic.Int64 // Lease replies that granted tokens
@@ -112,6 +118,7 @@ func (l *Limiter) Stats() Stats {
 		TokensLeased:   l.stats.tokensLeased.Load(),
 		TokensReturned: l.stats.tokensReturned.Load(),
 		TokensDropped:  l.stats.tokensDropped.Load(),
+		TokensExpired:  l.stats.tokensExpired.Load(),
 		TokensReserved: l.stats.tokensReserved.Load(),
 		TokensDebited:  l.stats.tokensDebited.Load(),
 		KeysTracked:    l.keys.len(),

@@ -16,8 +16,9 @@ const closed = math.MinInt64 / 2
 // Drain or Close once, never both: the single atomic counter is the
 // linearization point, which is what keeps the global bound exact.
 //
-// The expiry is advisory: the owner (the hybrid limiter) sweeps expired
-// leases with DrainExpired, so Take needs no clock read.
+// The expiry is advisory for Take: the owner (the hybrid limiter) sweeps
+// expired leases with DrainExpired, so Take needs no clock read.
+// TakeBefore enforces it, for an owner whose leases must end exactly.
 //
 // A Cell is safe for concurrent use; its zero value is an empty, open
 // lease.
@@ -103,3 +104,56 @@ func (c *Cell) AddBefore(n, expiresAt int64) bool {
 
 // Expiry returns the lease's expiry (nanoseconds on the owner's clock).
 func (c *Cell) Expiry() int64 { return c.expiry.Load() }
+
+// TakeBefore spends n tokens if at least n are left and now (nanoseconds
+// on the owner's clock) is before the lease's expiry, and returns the count
+// left. The tokens are read before the expiry, and writers (AddUntil)
+// store the expiry before the tokens, so tokens read here are never judged
+// by an expiry older than theirs.
+func (c *Cell) TakeBefore(n, now int64) (ok bool, left int64) {
+	for {
+		cur := c.tokens.Load()
+		if cur < n || now >= c.expiry.Load() {
+			return false, max(cur, 0)
+		}
+		if c.tokens.CompareAndSwap(cur, cur-n) {
+			return true, cur - n
+		}
+	}
+}
+
+// AddUntil puts n granted tokens that may be spent until until into the
+// lease at now, and returns the expired tokens it dropped; it returns
+// false, adding nothing, if the lease is closed. Writers must be
+// serialized by the owner; TakeBefore may run concurrently.
+//
+// Tokens still live in the lease keep the later of their own expiry and
+// until less the time their count takes at step (nanoseconds per token):
+// spent on top of the new grant, they make it end that much sooner. That
+// is what keeps the bound of a lease whose expiry is the time its bucket
+// takes to refill (see the hybrid package's lifetime): the older tokens
+// are held as part of the newer grant.
+func (c *Cell) AddUntil(n, until, now, step int64) (ok bool, dropped int64) {
+	for {
+		cur := c.tokens.Load()
+		if cur < 0 {
+			return false, dropped
+		}
+		old := c.expiry.Load()
+		if cur > 0 && old <= now {
+			// Expired: not the new grant's to carry.
+			if c.tokens.CompareAndSwap(cur, 0) {
+				dropped += cur
+			}
+			continue
+		}
+		e := until
+		if cur > 0 {
+			e = max(old, until-min(cur, math.MaxInt64/max(step, 1))*step)
+		}
+		c.expiry.Store(e)
+		if c.tokens.CompareAndSwap(cur, cur+n) {
+			return true, dropped
+		}
+	}
+}
