@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // TestKeySpreadBelowItsLimit: 4 limiters share one key of 100/s burst 100,
@@ -134,4 +136,55 @@ func overFromStart(adm []admission, lim Limit) int64 {
 		worst = max(worst, int64(i+1)-lim.Burst-lim.TokensIn(last.Sub(first)))
 	}
 	return worst
+}
+
+// TestStrictLeaseEndsWithItsBucketsRefill: under WithStrictWindows a lease
+// taken from a bucket in deficit is spendable until the bucket, as it was
+// before the grant, would be full, and no longer; what is left then is
+// dropped and counted, not given back.
+func TestStrictLeaseEndsWithItsBucketsRefill(t *testing.T) {
+	w := newFakeWorld()
+	lim := Limit{Rate: 100, Period: time.Second, Burst: 100}
+	l := w.limiter(t, Policy{Name: "strict-life", Limit: lim}, WithStrictWindows(true), WithMaxReservation(0))
+	ctx := context.Background()
+	// Empty half the bucket in one go: the next leases come from a level
+	// of 50, 500 ms from full.
+	d, err := l.AllowN(ctx, "k", 50)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	for i := range 20 {
+		require.True(t, l.Allow(ctx, "k"), "Allow %d", i)
+	}
+	e := l.keys.load("k")
+	held := e.lease.Tokens()
+	if held == 0 {
+		t.Fatal("no lease held beyond the callers' tokens from a bucket 500 ms from full")
+	}
+	// The lease ends when the bucket its last grant came from would be
+	// full: from a level of at least 100 − 50 − 20 − the lease, within
+	// 1 s, and no sooner than 500 ms (50 tokens) from now.
+	end := time.Duration(e.lease.Expiry() - int64(l.cfg.now()))
+	if end < 500*time.Millisecond || end > time.Second {
+		t.Fatalf("lease ends in %v, want in [500 ms, 1 s]", end)
+	}
+	// A moment before, what is held is still spendable without a call.
+	w.clk.Advance(end - time.Millisecond)
+	calls := l.Stats().StoreCalls
+	require.True(t, l.Allow(ctx, "k"))
+	if got := l.Stats().StoreCalls; got != calls {
+		t.Fatalf("Allow a moment before the lease's end made a store call")
+	}
+	// At its end the lease is spent no more: the decision asks the store.
+	w.clk.Advance(time.Millisecond)
+	left := e.lease.Tokens()
+	require.True(t, l.Allow(ctx, "k"))
+	s := l.Stats()
+	if s.StoreCalls == calls {
+		t.Fatalf("Allow at the lease's end used the lease (%d tokens left in it), want a store call", left)
+	}
+	eventually(t, "the expired tokens dropped", func() bool { return l.Stats().TokensExpired >= left })
+	if s := l.Stats(); s.TokensReturned != 0 {
+		t.Fatalf("%d tokens given back, want none (dropped: %d)", s.TokensReturned, s.TokensExpired)
+	}
+	t.Logf("held %d after the first leases, %d left at their end; stats: %d store calls, %d expired", held, left, s.StoreCalls, l.Stats().TokensExpired)
 }
