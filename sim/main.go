@@ -41,6 +41,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	seed := fl.Uint64("seed", 0, "random seed (0: each scenario's own)")
 	out := fl.String("out", "sim-out", "directory for plots")
 	list := fl.Bool("list", false, "list the default suite and exit")
+	strict := fl.Bool("strict-windows", false, "run every scenario with hybrid.WithStrictWindows (the bound in every window; see docs/how-it-works.md)")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
@@ -48,6 +49,9 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "sim:", err)
 		return 2
+	}
+	for _, s := range suite {
+		s.Limiter.StrictWindows = s.Limiter.StrictWindows || *strict
 	}
 	if *list {
 		for _, s := range suite {

@@ -138,6 +138,8 @@ type LimiterSpec struct {
 	MaxKeys        int     `json:"max_keys"`
 	// CapacityLeaseS is the term of capacity leases in seconds (0: off).
 	CapacityLeaseS float64 `json:"capacity_lease_s"`
+	// StrictWindows is hybrid.WithStrictWindows.
+	StrictWindows bool `json:"strict_windows"`
 }
 
 // LatencySpec is a uniform latency distribution in milliseconds.

@@ -178,6 +178,9 @@ func (w *world) options(c clock.Clock) []hybrid.Option {
 	if l.CapacityLeaseS > 0 {
 		opts = append(opts, hybrid.WithCapacityLeases(sec(l.CapacityLeaseS)))
 	}
+	if l.StrictWindows {
+		opts = append(opts, hybrid.WithStrictWindows(true))
+	}
 	switch l.OutageMode {
 	case "fail-open":
 		opts = append(opts, hybrid.WithOutageMode(hybrid.OutageFailOpen))

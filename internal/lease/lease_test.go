@@ -13,24 +13,11 @@ func TestLeaseNeverSpendsMoreThanGranted(t *testing.T) {
 	t.Parallel()
 	var c Cell
 	var added, taken, returned atomic.Int64
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	for g := 0; g < 8; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if ok, _ := c.Take(1 + int64(g%3)); ok {
-					taken.Add(1 + int64(g%3))
-				}
-			}
-		}()
-	}
+	stop := takers(8, func(g int) {
+		if ok, _ := c.Take(1 + int64(g%3)); ok {
+			taken.Add(1 + int64(g%3))
+		}
+	})
 	for i := 0; i < 20000; i++ {
 		if c.Add(5, int64(i)) {
 			added.Add(5)
@@ -46,14 +33,35 @@ func TestLeaseNeverSpendsMoreThanGranted(t *testing.T) {
 	if c.Add(5, 0) {
 		t.Fatal("Add after Close = true, want false")
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	if ok, _ := c.Take(1); ok {
 		t.Fatal("Take after Close succeeded")
 	}
 	if got, want := taken.Load()+returned.Load(), added.Load(); got != want {
 		t.Fatalf("taken %d + returned %d = %d, want added %d", taken.Load(), returned.Load(), got, want)
 	}
+}
+
+// takers runs take(g) on goroutine g of n in a loop until the returned
+// stop is called, which waits for them.
+func takers(n int, take func(g int)) (stop func()) {
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for g := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				take(g)
+			}
+		}()
+	}
+	return func() { close(done); wg.Wait() }
 }
 
 func TestLeaseTakeTable(t *testing.T) {

@@ -2,7 +2,6 @@ package lease
 
 import (
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -64,28 +63,15 @@ func TestTakeBeforeNeverSpendsExpired(t *testing.T) {
 	var added, taken, gone atomic.Int64
 	var late atomic.Int64 // takes at or past the latest expiry ever set
 	var maxExpiry atomic.Int64
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	for g := range 6 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				n, now := 1+int64(g%3), clock.Load()
-				if ok, _ := c.TakeBefore(n, now); ok {
-					taken.Add(n)
-					if now >= maxExpiry.Load() {
-						late.Add(1)
-					}
-				}
+	stop := takers(6, func(g int) {
+		n, now := 1+int64(g%3), clock.Load()
+		if ok, _ := c.TakeBefore(n, now); ok {
+			taken.Add(n)
+			if now >= maxExpiry.Load() {
+				late.Add(1)
 			}
-		}()
-	}
+		}
+	})
 	rng := rand.New(rand.NewPCG(3, 4))
 	for range 20000 {
 		now := clock.Add(rng.Int64N(5))
@@ -100,8 +86,7 @@ func TestTakeBeforeNeverSpendsExpired(t *testing.T) {
 			gone.Add(d)
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	gone.Add(c.Close())
 	if got, want := taken.Load()+gone.Load(), added.Load(); got != want {
 		t.Fatalf("taken %d + dropped or drained %d = %d, want added %d", taken.Load(), gone.Load(), got, want)
