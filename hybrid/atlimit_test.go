@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -97,9 +98,15 @@ func TestKeyAtItsLimit(t *testing.T) {
 		t.Skip("6 s of load per case")
 	}
 	lim := Limit{Rate: 2000, Period: time.Second, Burst: 200}
-	for _, tc := range backends("tenant-at-limit", "tenant:{9}:at-limit") {
+	cases := backends("tenant-at-limit", "tenant:{9}:at-limit")
+	// Under WithStrictWindows (standalone only, for time) no window may
+	// see more than the bound from the first instant on.
+	strict := cases[0]
+	strict.name += "-strict"
+	for _, tc := range append(cases, strict) {
 		t.Run(tc.name, func(t *testing.T) {
-			lims := newFleet(t, 4, runPolicy("atlimit-"+tc.name, lim), tc.dial)
+			isStrict := strings.HasSuffix(tc.name, "-strict")
+			lims := newFleet(t, 4, runPolicy("atlimit-"+tc.name, lim), tc.dial, WithStrictWindows(isStrict))
 			start := time.Now()
 			adm, per, degraded := spin(lims, 16, 6*time.Second, tc.key)
 			elapsed := time.Since(start)
@@ -115,6 +122,9 @@ func TestKeyAtItsLimit(t *testing.T) {
 				tc.name, got, bound, 100*float64(got)/float64(bound), per, s.StoreCalls, perK, excess, at.Round(time.Millisecond), paced, degraded)
 			if degraded > got/100 {
 				t.Fatalf("%d decided by the degraded share: the store was too slow for over 1%%", degraded)
+			}
+			if isStrict && excess > 0 {
+				t.Fatalf("a window admitted %d more than Burst + Rate·w under WithStrictWindows", excess)
 			}
 			if slack := int64(len(lims)) * lim.Burst / 10; excess > slack {
 				t.Fatalf("a window admitted %d more than Burst + Rate·w, over the %d leases may hold", excess, slack)
