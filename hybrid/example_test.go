@@ -331,3 +331,44 @@ func ExampleCharge_Settle() {
 	// estimate 1000: refused, retry after 9s
 	// estimate 1000, used 1000
 }
+
+// With WithStrictWindows no window of time admits more than
+// Burst + Rate·w: a lease lives only as long as its bucket, as it was
+// before the grant, takes to refill, and what it still holds then is
+// dropped rather than spent on top of a bucket that refilled behind it.
+func ExampleWithStrictWindows() {
+	w := newWorld()
+	defer w.close()
+	ctx := context.Background()
+
+	lim, err := hybrid.New(remote.NewRedis(w.rdb),
+		hybrid.Policy{Name: "partner-api", Limit: hybrid.Limit{Rate: 100, Period: time.Second, Burst: 100}},
+		hybrid.WithClock(w.clk), hybrid.WithStrictWindows(true), hybrid.WithMaxReservation(0))
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close(ctx)
+
+	// A burst of 60: each lease taken along the way ends when the bucket
+	// it came from, as it was, would be full again (600 ms at the most).
+	burst := 0
+	for range 60 {
+		if lim.Allow(ctx, "acme") {
+			burst++
+		}
+	}
+	w.advance(700 * time.Millisecond) // idle: the bucket refills to 100
+	// Without WithStrictWindows the next burst admits 110 at once: the
+	// bucket refilled to 100 behind the 10 tokens the lease still held.
+	next := 0
+	for range 200 {
+		if lim.Allow(ctx, "acme") {
+			next++
+		}
+	}
+	s := lim.Stats()
+	fmt.Printf("burst %d, 700 ms later %d (at most Burst), %d leased tokens expired unspent\n",
+		burst, next, s.TokensExpired)
+	// Output:
+	// burst 60, 700 ms later 100 (at most Burst), 6 leased tokens expired unspent
+}
