@@ -308,20 +308,42 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need, waite
 	if res.Binding != 0 || e.rare.Load() != nil {
 		e.extra().binding.Store(int32(res.Binding))
 	}
-	switch {
-	case res.Granted > 0 && res.Delay <= 0 && p.hold > 0:
+	if res.Granted > 0 {
 		ls.stats.leaseGrants.Add(1)
 		e.answer.forget()
+		return ls.granted(e, p, res, waiters, start, now)
+	}
+	if ls.grants != nil {
+		ls.grants.refused(e, p, res.Holders, now)
+	}
+	if e.grantMode() {
+		// Waiting for its grant, a key at its limit is not paced: a
+		// refusal holds a little longer, or each decision would be a
+		// store call until the grant comes.
+		res.RetryAfter = max(res.RetryAfter, grantWaitRefusal)
+	}
+	e.answer.refuse(max(need, 1), now.add(res.RetryAfter))
+	if p.hold > 0 {
+		// Returns reach the window at each sweep of the fleet.
+		e.extra().recheckAt.Store(now.add(ls.cfg.sweepInterval))
+	}
+	return fetchOutcome{retry: res.RetryAfter, at: now}
+}
+
+// granted puts the tokens of a reply that granted some where they belong:
+// a sliding window's lease until its hold, a lease until its TTL (or, under
+// WithStrictWindows, the waiting callers' at once and the rest until the
+// bucket's refill, see lifetime), or a reservation released at the
+// bucket's pace.
+func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, waiters int64, start, now mono) fetchOutcome {
+	switch {
+	case res.Delay <= 0 && p.hold > 0:
 		ls.depositHeld(e, p, res.Granted, res.Now, start.add(p.life))
 		return fetchOutcome{deposited: true, at: now}
-	case res.Granted > 0 && res.Delay <= 0 && !ls.strict(p):
-		ls.stats.leaseGrants.Add(1)
-		e.answer.forget()
+	case res.Delay <= 0 && !ls.strict(p):
 		ls.deposit(e, res.Granted, now.add(ls.cfg.leaseTTL), now)
 		return fetchOutcome{deposited: true, at: now}
-	case res.Granted > 0 && res.Delay <= 0:
-		ls.stats.leaseGrants.Add(1)
-		e.answer.forget()
+	case res.Delay <= 0:
 		// The waiting callers' tokens are theirs at once: the store
 		// admitted them when it granted them. The rest lives only as
 		// long as the bucket takes to refill.
@@ -331,32 +353,13 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need, waite
 			ls.deposit(e, rest, ls.lifetime(p.tier(e), res, start), now)
 		}
 		return fetchOutcome{deposited: true, handout: hand, at: now}
-	case res.Granted > 0:
-		ls.stats.leaseGrants.Add(1)
-		e.answer.forget()
-		until := mono(math.MaxInt64) // given back when it expires, as leases are
-		if ls.strict(p) {
-			until = ls.lifetime(p.tier(e), res, start)
-		}
-		ls.pace.reserve(e, p.tier(e).limits[0], res.Granted, res.Delay, now, until)
-		return fetchOutcome{retry: res.Delay, at: now}
-	default:
-		if ls.grants != nil {
-			ls.grants.refused(e, p, res.Holders, now)
-		}
-		if e.grantMode() {
-			// Waiting for its grant, a key at its limit is not paced:
-			// a refusal holds a little longer, or each decision would
-			// be a store call until the grant comes.
-			res.RetryAfter = max(res.RetryAfter, grantWaitRefusal)
-		}
-		e.answer.refuse(max(need, 1), now.add(res.RetryAfter))
-		if p.hold > 0 {
-			// Returns reach the window at each sweep of the fleet.
-			e.extra().recheckAt.Store(now.add(ls.cfg.sweepInterval))
-		}
-		return fetchOutcome{retry: res.RetryAfter, at: now}
 	}
+	until := mono(math.MaxInt64) // given back when it expires, as leases are
+	if ls.strict(p) {
+		until = ls.lifetime(p.tier(e), res, start)
+	}
+	ls.pace.reserve(e, p.tier(e).limits[0], res.Granted, res.Delay, now, until)
+	return fetchOutcome{retry: res.Delay, at: now}
 }
 
 // bucketLost counts a bucket that vanished before its TTL (evicted by a
