@@ -176,14 +176,13 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	}
 	waiters := max(need, e.waiting.Load()) // the request is sized for them
 	var until mono
-	if need > 0 {
-		// A caller waits for tokens a reservation releases soon; a
-		// refill asks for the grant after it.
-		until = e.readyFor(need, start)
-	}
 	short := need
 	if need > 0 {
-		short = max(need-e.live(ls.cfg.spendAtNow(start)), 1) // the lease holds the rest
+		// A caller waits for tokens a reservation releases soon (a
+		// refill asks for the grant after it), and asks the store for
+		// what the lease does not hold.
+		until = e.readyFor(need, start)
+		short = max(need-e.live(ls.cfg.spendAtNow(start)), 1)
 	}
 	until = max(until, e.refusedUntil(max(short, 1), start)) // a refusal for as many or fewer tokens
 	if until > start {
