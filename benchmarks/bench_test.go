@@ -93,7 +93,7 @@ func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string,
 	// Per key the limiter tracks: idle keys may be forgotten during a
 	// long warm-up.
 	perKey := heap / float64(max(lim.Stats().KeysTracked, 1))
-	m := startMeter(b, c, calls)
+	m := startMeter(b, c, calls, par)
 	start := time.Now()
 	res := drive(b, par, seq, decide)
 	elapsed := time.Since(start)
@@ -124,7 +124,7 @@ func benchRedisRate(b *testing.B, srv *redistest.Server, w workload, keys []stri
 		return err == nil && res.Allowed > 0
 	}
 	heap := warm(w.keys, decide)
-	m := startMeter(b, c, calls)
+	m := startMeter(b, c, calls, par)
 	res := drive(b, par, seq, decide)
 	m.report(b, int64(b.N))
 	res.report(b)

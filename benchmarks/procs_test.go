@@ -63,7 +63,7 @@ func BenchmarkAtLimit(b *testing.B) {
 func benchAtLimit(b *testing.B, srv *redistest.Server, impl string) {
 	c := srv.Client(b)
 	key := "at-limit-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	m := startMeter(b, c, nil)
+	m := startMeter(b, c, nil, 0)
 	start := time.Now().Add(500 * time.Millisecond) // every process starts together
 	reports := make([]helperReport, atLimitProcs)
 	var wg sync.WaitGroup

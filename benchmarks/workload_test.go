@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -215,6 +216,17 @@ type meter struct {
 	before redisCounters
 	sent   int64
 	cpu    time.Duration // this process's CPU (the client's side) at the start
+	// goroutines started by the process, and by the benchmark's own
+	// driver (par), which report leaves out.
+	goroutines uint64
+	par        int
+}
+
+// goroutinesCreated is how many goroutines this process has started.
+func goroutinesCreated() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 // processCPU is the user and system CPU this process has used: the
@@ -227,12 +239,12 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func startMeter(b *testing.B, info *redis.Client, calls *counter) *meter {
+func startMeter(b *testing.B, info *redis.Client, calls *counter, par int) *meter {
 	rc, err := readRedis(context.Background(), info)
 	if err != nil {
 		b.Fatalf("INFO: %v", err)
 	}
-	m := &meter{info: info, calls: calls, before: rc, cpu: processCPU()}
+	m := &meter{info: info, calls: calls, before: rc, cpu: processCPU(), goroutines: goroutinesCreated(), par: par}
 	if calls != nil {
 		m.sent = calls.n.Load()
 	}
@@ -240,11 +252,12 @@ func startMeter(b *testing.B, info *redis.Client, calls *counter) *meter {
 }
 
 // report reports Redis calls, Redis's CPU and the client's CPU per 1 000
-// decisions, and the client's CPU per store call (redis_rate makes one per
-// decision, so its per-call cost is its per-decision cost), and returns
-// the calls.
+// decisions, and the client's CPU and the goroutines started per store
+// call (redis_rate makes one per decision, so its per-call cost is its
+// per-decision cost), and returns the calls.
 func (m *meter) report(b *testing.B, decisions int64) int64 {
 	client := processCPU() - m.cpu
+	started := goroutinesCreated() - m.goroutines - uint64(m.par)
 	after, err := readRedis(context.Background(), m.info)
 	if err != nil {
 		b.Fatalf("INFO: %v", err)
@@ -258,6 +271,7 @@ func (m *meter) report(b *testing.B, decisions int64) int64 {
 	b.ReportMetric(float64(calls)/float64(decisions)*1000, "storecalls/1000")
 	if calls > 0 {
 		b.ReportMetric(float64(client.Nanoseconds())/float64(calls)/1000, "client-cpu-us/call")
+		b.ReportMetric(float64(started)/float64(calls), "goroutines/call")
 	}
 	return calls
 }

@@ -11,10 +11,12 @@ import (
 // key join the flight under way instead of making a call of their own.
 // A caller that must answer within the store timeout leaves the flight to
 // a worker and waits at most that long; the flight goes on without it,
-// so that a slow answer still deposits its tokens. Workers are few and
-// long-lived: a goroutine per flight (singleflight.DoChan's) cost a cold
-// decision its creation, a fresh stack grown again in every store call,
-// and several allocations.
+// so that a slow answer still deposits its tokens. Workers start as
+// flights overlap and live until Close: a goroutine per flight
+// (singleflight.DoChan's, and later one per flight beyond two workers
+// per CPU) cost a cold decision its creation, a stack grown again from
+// its smallest in every store call (13% of the Zipf benchmark's CPU), and
+// several allocations.
 
 // flight is one store call for a key, and its outcome once done closes.
 type flight struct {
@@ -91,39 +93,44 @@ func (f *flight) outcomeFor(need int64) fetchOutcome {
 
 // workers runs flights handed over by callers that wait with a deadline.
 type workers struct {
-	bg    *background.Group
-	start sync.Once
-	work  chan *flight
+	bg   *background.Group
+	work chan *flight
+	n    atomic.Int32 // workers started
 }
 
-// run flies f on an idle worker, or on a goroutine of its own when every
-// worker is busy (a flight never waits for a worker).
+// maxWorkers bounds the workers kept; a flight beyond them runs on a
+// goroutine of its own. Flights overlap about as much as callers need the
+// store at once, which the client's pool (10 connections per CPU by
+// default) bounds in effect; idle workers cost a parked goroutine each.
+var maxWorkers = int32(64 * runtime.GOMAXPROCS(0))
+
+// run flies f on an idle worker, or on a new one when every worker is
+// busy (a flight never waits for a worker).
 func (w *workers) run(f *flight) {
-	w.start.Do(w.launch)
 	select {
 	case w.work <- f:
+		return
 	default:
-		go f.fly()
 	}
-}
-
-// launch starts the workers, two per CPU, which end when Close begins.
-func (w *workers) launch() {
-	w.work = make(chan *flight)
-	for range 2 * runtime.GOMAXPROCS(0) {
-		if !w.bg.Enter() {
+	if w.n.Add(1) <= maxWorkers {
+		if w.bg.Enter() {
+			go w.loop(f)
 			return
 		}
-		go func() {
-			defer w.bg.Exit()
-			for {
-				select {
-				case f := <-w.work:
-					f.fly()
-				case <-w.bg.Done:
-					return
-				}
-			}
-		}()
+	}
+	w.n.Add(-1)
+	go f.fly()
+}
+
+// loop flies f, then the flights handed to it, until Close begins.
+func (w *workers) loop(f *flight) {
+	defer w.bg.Exit()
+	for {
+		f.fly()
+		select {
+		case f = <-w.work:
+		case <-w.bg.Done:
+			return
+		}
 	}
 }

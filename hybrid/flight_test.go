@@ -1,0 +1,59 @@
+package hybrid
+
+import (
+	"context"
+	"fmt"
+	"runtime/metrics"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/remote"
+	"github.com/stretchr/testify/require"
+)
+
+// goroutinesCreated is how many goroutines this process has started.
+func goroutinesCreated() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// Cold decisions (every one a store call) run their flights on the
+// limiter's workers, kept from one flight to the next: a goroutine per
+// flight cost each store call its creation and a stack grown again from
+// its smallest (13% of the CPU of the Zipf benchmark, measured).
+func TestColdDecisionsStartNoGoroutine(t *testing.T) {
+	for _, g := range []int{1, 16} {
+		t.Run(fmt.Sprintf("goroutines=%d", g), func(t *testing.T) {
+			l, err := New(remote.NewRedis(standaloneDial(t)), runPolicy("cold", Limit{Rate: 10, Period: time.Second, Burst: 10}), quiet)
+			require.NoError(t, err)
+			defer l.Close(context.Background())
+			ctx := context.Background()
+			// Warm-up: the workers start, as many as flights overlap.
+			decide := func(round int) {
+				var wg sync.WaitGroup
+				for w := range g {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := range 200 {
+							require.True(t, l.Allow(ctx, fmt.Sprintf("k%d-%d-%d", round, w, i)))
+						}
+					}()
+				}
+				wg.Wait()
+			}
+			decide(0)
+			before, calls := goroutinesCreated(), l.Stats().StoreCalls
+			decide(1)
+			created := goroutinesCreated() - before - uint64(g) // less the test's own
+			calls = l.Stats().StoreCalls - calls
+			require.GreaterOrEqual(t, calls, int64(200*g), "every decision on a new key is a store call")
+			t.Logf("%d store calls started %d goroutines", calls, created)
+			// A worker may still start when more flights overlap than in
+			// the warm-up; a goroutine per flight would be one per call.
+			require.LessOrEqual(t, created, uint64(g), "%d store calls started %d goroutines", calls, created)
+		})
+	}
+}
