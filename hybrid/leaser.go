@@ -57,9 +57,16 @@ func (ls *leaser) spend(e *entry, n int64, now mono) (ok bool, left int64) {
 
 // sizeLease picks the batch to ask for and the low-water mark, from the
 // key's demand: demand × horizon, at least need and 1, at most the policy's
-// maximum lease (unless need alone is larger).
+// maximum lease (unless need alone is larger); a token more than need for a
+// key that comes back well within a lease's life.
 func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int64 {
 	e.mu.Lock()
+	// A key whose last store call was within half a lease's life comes
+	// back well before the lease ends. A key coming back about once a
+	// life would mostly give a spare token back unspent, a return call
+	// instead of a saved one: at one decision per TTL, measured, 39
+	// calls for 20 decisions.
+	back := e.demand.started && now.sub(e.demand.at) <= ls.cfg.leaseTTL/2
 	rate := e.demand.observe(now, e.consumed()+e.misses.Load())
 	e.mu.Unlock()
 	if ls.grants != nil {
@@ -86,6 +93,13 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int6
 		low = 0
 	}
 	e.setLowWater(low)
+	if back && p.hold == 0 && !ls.strict(p) {
+		// Keep a token for the key's next decision. Without it a key
+		// whose batch the cap holds to one token (any Burst under 20)
+		// pays a store call for every decision however often it comes.
+		// One token is within the cap on what a lease holds.
+		return max(batch, need+1)
+	}
 	return max(batch, need)
 }
 

@@ -9,8 +9,9 @@ import (
 )
 
 // TestLeaseSizeFollowsDemand: a key seeing 1 request per second leases one
-// token per store call (a classic limiter); a key seeing 100 000 per second
-// leases hundreds or more per call, never above 10% of Burst.
+// token per store call (a classic limiter); a key back every 250 ms keeps a
+// token for its next decision; a key seeing 100 000 per second leases
+// hundreds or more per call, never above 10% of Burst.
 func TestLeaseSizeFollowsDemand(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -27,6 +28,22 @@ func TestLeaseSizeFollowsDemand(t *testing.T) {
 	s := slow.Stats()
 	if perCall := float64(s.TokensLeased) / float64(leaseCalls(slow)); perCall != 1 {
 		t.Fatalf("a 1/s key leased %.2f tokens per call, want 1 (stats %+v)", perCall, s)
+	}
+
+	// A key of a small burst, whose batch the cap holds to one token,
+	// back every 250 ms: the lease keeps a token for the next decision,
+	// so about half of them are store calls, and nothing goes back while
+	// it keeps coming.
+	w3 := newFakeWorld()
+	warm := w3.limiter(t, Policy{Name: "warm", Limit: Limit{Rate: 10, Period: time.Second, Burst: 10}})
+	for i := 0; i < 40; i++ {
+		if !warm.Allow(ctx, "k") {
+			t.Fatalf("request %d rejected", i)
+		}
+		w3.clk.Advance(250 * time.Millisecond)
+	}
+	if s := warm.Stats(); s.StoreCalls > 22 || s.TokensReturned != 0 {
+		t.Fatalf("a 4/s key of burst 10: %d store calls and %d tokens returned for 40 decisions, want at most 22 and none", s.StoreCalls, s.TokensReturned)
 	}
 
 	w2 := newFakeWorld()

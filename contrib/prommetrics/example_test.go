@@ -51,6 +51,7 @@ func ExampleNewCollector() {
 		}
 	}
 	// Output:
-	// remote admitted 3
+	// lease admitted 1
+	// remote admitted 2
 	// remote rejected 1
 }
