@@ -7,6 +7,7 @@ import (
 	"github.com/leasehold/leasehold/internal/errs"
 	"log/slog"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,10 +34,12 @@ type leaser struct {
 	// outage (no refills then), and the fleet size a contended key's
 	// share is taken from.
 	outage  *outage
-	pace    pacer       // future-dated grants, released at the bucket's pace
-	grants  *capacity   // told each key's demand, to ask for capacity grants
-	flights flightTable // by user key only
-	workers workers     // run the flights callers wait for with a deadline
+	pace    pacer                 // future-dated grants, released at the bucket's pace
+	grants  *capacity             // told each key's demand, to ask for capacity grants
+	flights flightTable           // by user key only
+	workers workers               // run the flights callers wait for with a deadline
+	calls   *background.Deadlines // lease calls' contexts: Close or the refill timeout ends them
+	timers  sync.Pool             // of clock.Timer, for callers waiting on a flight
 	offset  clock.Offset
 	lastOK  atomicMono // the last successful store reply
 	// lostLogged is set once a vanished bucket has been logged.
@@ -159,15 +162,35 @@ func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome
 		return f.outcomeFor(need), f.err
 	default:
 	}
-	t := ls.cfg.clk.NewTimer(ls.cfg.storeTimeout)
-	defer t.Stop()
+	t := ls.waitTimer()
 	select {
 	case <-f.done:
+		ls.putTimer(t, t.Stop())
 		return f.outcomeFor(need), f.err
 	case <-t.C():
+		ls.putTimer(t, true)
 		return fetchOutcome{}, errSlowFlight
 	case <-ctx.Done():
+		ls.putTimer(t, t.Stop())
 		return fetchOutcome{}, ctx.Err()
+	}
+}
+
+// waitTimer is a timer of the store timeout for a caller waiting on a
+// flight, reused: a new one was 3 of a cold decision's allocations.
+func (ls *leaser) waitTimer() clock.Timer {
+	if t, ok := ls.timers.Get().(clock.Timer); ok {
+		t.Reset(ls.cfg.storeTimeout)
+		return t
+	}
+	return ls.cfg.clk.NewTimer(ls.cfg.storeTimeout)
+}
+
+// putTimer keeps t for reuse when nothing can be left on its channel: it
+// was stopped before it fired, or what it sent was received.
+func (ls *leaser) putTimer(t clock.Timer, clean bool) {
+	if clean {
+		ls.timers.Put(t)
 	}
 }
 
@@ -211,10 +234,8 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	}
 	// Not the caller's context: joined callers share this call. Close ends
 	// it; the refill timeout bounds it.
-	cctx, cancel := context.WithTimeout(ls.bg.Ctx, ls.cfg.refillTimeout)
-	defer cancel()
 	e.callSince.Store(start + 1)
-	res, err := ls.store.Lease(cctx, req)
+	res, err := ls.store.Lease(ls.calls.Context(), req)
 	e.callSince.Store(0)
 	if errors.Is(err, breaker.ErrOpen) {
 		return fetchOutcome{}, err // refused by the breaker: no call was made

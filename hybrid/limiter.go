@@ -77,7 +77,10 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	l.settle = settlement{cfg: &l.cfg, store: bs, bg: l.bg, keys: &l.keys, outage: l.outage, policy: l.policy, modes: l.modes, stats: &l.stats,
 		settler: reconcile.Settler{Store: bs, Clock: cfg.clk, After: l.bg.After, Jitter: rng.duration}}
 	l.leaser = leaser{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, settle: &l.settle, outage: l.outage,
-		workers: workers{bg: l.bg, work: make(chan *flight)}}
+		workers: workers{bg: l.bg, work: make(chan *flight)},
+		// A call may run 10 ms past the refill timeout: calls starting
+		// within 10 ms share one context, not a timer each.
+		calls: background.NewDeadlines(l.bg.Ctx, cfg.refillTimeout, 10*time.Millisecond)}
 	l.leaser.pace = pacer{cfg: &l.cfg, bg: l.bg, stats: &l.stats, into: &l.leaser}
 	l.grants = capacity{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, holder: l.outage.id, fleet: l.outage}
 	l.leaser.grants = &l.grants

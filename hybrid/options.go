@@ -170,7 +170,7 @@ func WithMaxLeaseFraction(f float64) Option {
 // WithStoreTimeout bounds how long a decision waits for the store; Allow
 // never waits on the store longer than this, and decides by the outage mode
 // when the store has not answered. Background refills may wait up to
-// max(this, 500 ms). The default is 50 ms.
+// max(this, 500 ms), and 10 ms more. The default is 50 ms.
 func WithStoreTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.storeTimeout = d })
 }
