@@ -92,21 +92,27 @@ func (f *flight) outcomeFor(need int64) fetchOutcome {
 }
 
 // workers runs flights handed over by callers that wait with a deadline.
+// A worker starts when every worker is busy and ends when the sweep finds
+// more idle than the most that were busy since the last sweep: a burst of
+// concurrent cold calls leaves no idle goroutines behind for long.
 type workers struct {
 	bg   *background.Group
-	work chan *flight
-	n    atomic.Int32 // workers started
+	work chan *flight // a nil flight tells an idle worker to end
+	n    atomic.Int32 // workers running
+	busy atomic.Int32 // of them, flying
+	peak atomic.Int32 // most busy at once since the last trim
 }
 
-// maxWorkers bounds the workers kept; a flight beyond them runs on a
-// goroutine of its own. Flights overlap about as much as callers need the
-// store at once, which the client's pool (10 connections per CPU by
-// default) bounds in effect; idle workers cost a parked goroutine each.
-var maxWorkers = int32(64 * runtime.GOMAXPROCS(0))
+// maxWorkers bounds the workers running at once; a flight beyond them
+// runs on a goroutine of its own. Flights overlap about as much as
+// callers need the store at once (256 goroutines on 100 000 Zipf keys
+// had more than 128 flights at once on 2 CPUs).
+var maxWorkers = int32(1024 * runtime.GOMAXPROCS(0))
 
 // run flies f on an idle worker, or on a new one when every worker is
 // busy (a flight never waits for a worker).
 func (w *workers) run(f *flight) {
+	w.started()
 	select {
 	case w.work <- f:
 		return
@@ -119,18 +125,47 @@ func (w *workers) run(f *flight) {
 		}
 	}
 	w.n.Add(-1)
-	go f.fly()
+	go func() {
+		f.fly()
+		w.busy.Add(-1)
+	}()
 }
 
-// loop flies f, then the flights handed to it, until Close begins.
+// started counts a flight handed over as busy until it lands.
+func (w *workers) started() {
+	b := w.busy.Add(1)
+	for p := w.peak.Load(); b > p && !w.peak.CompareAndSwap(p, b); p = w.peak.Load() {
+	}
+}
+
+// loop flies f, then the flights handed to it, until Close begins or a
+// trim ends it.
 func (w *workers) loop(f *flight) {
 	defer w.bg.Exit()
 	for {
 		f.fly()
+		w.busy.Add(-1)
 		select {
 		case f = <-w.work:
+			if f == nil {
+				w.n.Add(-1)
+				return
+			}
 		case <-w.bg.Done:
 			return
+		}
+	}
+}
+
+// trim ends the idle workers beyond the most that were busy at once since
+// the last trim (the sweep calls it).
+func (w *workers) trim() {
+	keep := w.peak.Swap(w.busy.Load())
+	for range max(w.n.Load()-keep, 0) {
+		select {
+		case w.work <- nil:
+		default:
+			return // none idle
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/remote"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -59,4 +60,47 @@ func TestColdDecisionsStartNoGoroutine(t *testing.T) {
 			require.LessOrEqual(t, created, uint64(g), "%d store calls started %d goroutines", calls, created)
 		})
 	}
+}
+
+// gatedStore grants every lease once its gate is open.
+type gatedStore struct {
+	grantAll
+	gate chan struct{}
+}
+
+func (g gatedStore) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
+	<-g.gate
+	return g.grantAll.Lease(ctx, r)
+}
+
+// TestIdleWorkersEnd: 64 cold decisions at once start 64 workers; once
+// the burst is over, the sweeps end the idle ones, and the next cold
+// decision starts a worker again.
+func TestIdleWorkersEnd(t *testing.T) {
+	w := newFakeWorld()
+	store := gatedStore{grantAll{w.clk}, make(chan struct{})}
+	l, err := New(store, Policy{Name: "burst", Limit: Limit{Rate: 1000, Period: time.Second, Burst: 1000}},
+		WithClock(w.clk), quiet, WithStoreTimeout(time.Hour))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.True(t, l.Allow(ctx, fmt.Sprintf("k%d", i)))
+		}()
+	}
+	ws := &l.leaser.workers
+	eventually(t, "64 flights at once", func() bool { return ws.busy.Load() == 64 })
+	require.Equal(t, int32(64), ws.n.Load(), "workers for 64 flights at once")
+	close(store.gate)
+	wg.Wait()
+	eventually(t, "the idle workers to end", func() bool {
+		w.clk.Advance(time.Second) // sweeps
+		return ws.n.Load() == 0
+	})
+	require.True(t, l.Allow(ctx, "after"))
+	require.Equal(t, int32(1), ws.n.Load(), "a worker for the next cold decision")
 }

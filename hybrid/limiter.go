@@ -313,4 +313,5 @@ func (l *Limiter) sweep() {
 	})
 	l.releaseAll(l.keys.sweepIdle(now))
 	l.settle.flush()
+	l.leaser.workers.trim()
 }
