@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"github.com/leasehold/leasehold/internal/errs"
+	"github.com/leasehold/leasehold/internal/exact"
 	"io"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,6 +40,8 @@ type RedisStore struct {
 	// ap coalesces concurrent calls into pipelines; nil when
 	// WithAutoPipeline(false) or the client has none.
 	ap *redis.AutoPipeliner
+	// args keeps the last limit's numbers boxed as script arguments.
+	args argCache
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -172,7 +176,7 @@ func (s *RedisStore) checkEviction(ctx context.Context) error {
 func (s *RedisStore) Client() redis.UniversalClient { return s.c }
 
 func (s *RedisStore) do(ctx context.Context, op Op, r Request) (Result, error) {
-	keys, script, args, err := scriptArgs(op, &r)
+	keys, script, args, err := s.args.scriptArgs(op, &r)
 	if err != nil {
 		return Result{}, err
 	}
@@ -227,7 +231,7 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 	pipe := s.c.Pipeline()
 	for i := range rs {
 		var err error
-		if keys[i], scripts[i], args[i], err = scriptArgs(op, &rs[i]); err != nil {
+		if keys[i], scripts[i], args[i], err = s.args.scriptArgs(op, &rs[i]); err != nil {
 			out[i].Err = err
 			continue
 		}
@@ -265,9 +269,6 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 	return out
 }
 
-// scriptArgs validates r and returns its keys (the bucket's first), the
-// script that keeps its bucket (bucketLua, or shapeLua for a shaped
-// request) and the script's arguments.
 // Script arguments boxed once: every store call passes them, and boxing a
 // string or a number above 255 allocates.
 var (
@@ -288,15 +289,41 @@ func (o Op) arg() any {
 	return o.String()
 }
 
-func scriptArgs(op Op, r *Request) ([]string, *redis.Script, []any, error) {
+// argCache keeps the numbers of the limit a store was last asked about
+// boxed as script arguments: a limiter asks about the same few limits on
+// every call, and each number above 255 was an allocation per call.
+type argCache struct{ last atomic.Pointer[limitArgs] }
+
+// limitArgs is one limit's numbers, and them boxed.
+type limitArgs struct {
+	m        exact.Micros
+	maxDelay int64
+	boxed    [4]any // rate, per, burst, max delay
+}
+
+// limit returns m's numbers and maxDelay boxed.
+func (c *argCache) limit(m exact.Micros, maxDelay int64) *[4]any {
+	if l := c.last.Load(); l != nil && l.m == m && l.maxDelay == maxDelay {
+		return &l.boxed
+	}
+	l := &limitArgs{m: m, maxDelay: maxDelay, boxed: [4]any{m.Rate, m.Per, m.Burst, maxDelay}}
+	c.last.Store(l)
+	return &l.boxed
+}
+
+// scriptArgs validates r and returns its keys (the bucket's first), the
+// script that keeps its bucket (bucketLua, or shapeLua for a shaped
+// request) and the script's arguments.
+func (c *argCache) scriptArgs(op Op, r *Request) ([]string, *redis.Script, []any, error) {
 	m, err := validate(op, r)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	key := bucketKey(r)
 	if !r.shaped() {
-		args := []any{op.arg(), r.N, r.Min, m.Rate, m.Per, m.Burst, r.Version,
-			int64(r.MaxDelay / time.Microsecond), -maxDebt, ttlMarginArg, r.Need}
+		b := c.limit(m, int64(r.MaxDelay/time.Microsecond))
+		args := []any{op.arg(), r.N, r.Min, b[0], b[1], b[2], r.Version,
+			b[3], -maxDebt, ttlMarginArg, r.Need}
 		if op == OpDebit && r.Mark.Born != 0 {
 			// The grant arguments (12–16) are unused by a debit.
 			args = append(args, "", 0, 0, 0, 0, r.Spent, r.Mark.Born, r.Mark.Spill)
