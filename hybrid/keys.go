@@ -99,16 +99,11 @@ func (t *keyTable) evict(e *entry) bool {
 	return true
 }
 
-// sweepIdle counts one more idle sweep for each entry with no activity
-// since the last one, and evicts (and returns) those idle for
-// idleSweepsBeforeEvict sweeps. It runs one pass at a time.
-func (t *keyTable) sweepIdle(now mono) (evicted []*entry) {
-	t.each(func(e *entry) {
-		if e.idleSweep(e.admits.Load()+e.misses.Load(), e.busy(now)) >= idleSweepsBeforeEvict && t.evict(e) {
-			evicted = append(evicted, e)
-		}
-	})
-	return evicted
+// idle counts one more idle sweep for e if it saw no activity since the
+// last one, and evicts it once idle for idleSweepsBeforeEvict sweeps in a
+// row, reporting whether it did. One sweep runs at a time.
+func (t *keyTable) idle(e *entry, now mono) bool {
+	return e.idleSweep(e.admits.Load()+e.misses.Load(), e.busy(now)) >= idleSweepsBeforeEvict && t.evict(e)
 }
 
 // makeRoom evicts keys until the tracked count is back under max. It
