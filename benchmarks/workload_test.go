@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand"
 	"runtime"
-	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/testkit/spawn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -222,13 +222,6 @@ type meter struct {
 	par        int
 }
 
-// goroutinesCreated is how many goroutines this process has started.
-func goroutinesCreated() uint64 {
-	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
-}
-
 // processCPU is the user and system CPU this process has used: the
 // client's side of every limiter, Redis being another process.
 func processCPU() time.Duration {
@@ -244,7 +237,7 @@ func startMeter(b *testing.B, info *redis.Client, calls *counter, par int) *mete
 	if err != nil {
 		b.Fatalf("INFO: %v", err)
 	}
-	m := &meter{info: info, calls: calls, before: rc, cpu: processCPU(), goroutines: goroutinesCreated(), par: par}
+	m := &meter{info: info, calls: calls, before: rc, cpu: processCPU(), goroutines: spawn.Count(), par: par}
 	if calls != nil {
 		m.sent = calls.n.Load()
 	}
@@ -258,7 +251,7 @@ func startMeter(b *testing.B, info *redis.Client, calls *counter, par int) *mete
 func (m *meter) report(b *testing.B, decisions int64) int64 {
 	client := processCPU() - m.cpu
 	// The runtime's count may lag by a few: never below 0.
-	started := max(int64(goroutinesCreated()-m.goroutines)-int64(m.par), 0)
+	started := max(int64(spawn.Count()-m.goroutines)-int64(m.par), 0)
 	after, err := readRedis(context.Background(), m.info)
 	if err != nil {
 		b.Fatalf("INFO: %v", err)

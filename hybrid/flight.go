@@ -12,7 +12,8 @@ import (
 // A caller that must answer within the store timeout leaves the flight to
 // a worker and waits at most that long; the flight goes on without it,
 // so that a slow answer still deposits its tokens. Workers start as
-// flights overlap and live until Close: a goroutine per flight
+// flights overlap and are kept while the load needs them (see workers):
+// a goroutine per flight
 // (singleflight.DoChan's, and later one per flight beyond two workers
 // per CPU) cost a cold decision its creation, a stack grown again from
 // its smallest in every store call (13% of the Zipf benchmark's CPU), and

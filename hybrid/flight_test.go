@@ -3,22 +3,15 @@ package hybrid
 import (
 	"context"
 	"fmt"
-	"runtime/metrics"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/testkit/spawn"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// goroutinesCreated is how many goroutines this process has started.
-func goroutinesCreated() uint64 {
-	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
-}
 
 // Cold decisions (every one a store call) run their flights on the
 // limiter's workers, kept from one flight to the next: a goroutine per
@@ -49,9 +42,9 @@ func TestColdDecisionsStartNoGoroutine(t *testing.T) {
 				wg.Wait()
 			}
 			decide(0)
-			before, calls := goroutinesCreated(), l.Stats().StoreCalls
+			before, calls := spawn.Count(), l.Stats().StoreCalls
 			decide(1)
-			created := goroutinesCreated() - before - uint64(g) // less the test's own
+			created := spawn.Count() - before - uint64(g) // less the test's own
 			calls = l.Stats().StoreCalls - calls
 			require.GreaterOrEqual(t, calls, int64(200*g), "every decision on a new key is a store call")
 			t.Logf("%d store calls started %d goroutines", calls, created)
