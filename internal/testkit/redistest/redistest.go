@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -209,12 +210,28 @@ func (s *Server) stop() {
 	_ = s.Kill()
 }
 
+// start launches a redis-server on a free port. A port found free can be
+// taken before the server binds it, and a cluster node also binds its
+// port + 10 000 for the cluster bus (taken by another process in one
+// make test run): it tries again on another port then.
 func start(extra []string) (*Server, error) {
+	cluster := slices.Contains(extra, "--cluster-enabled")
+	var err error
+	for range 5 {
+		var s *Server
+		if s, err = startOn(extra, cluster); err == nil || !strings.Contains(err.Error(), "Address already in use") {
+			return s, err
+		}
+	}
+	return nil, err
+}
+
+func startOn(extra []string, cluster bool) (*Server, error) {
 	dir, err := os.MkdirTemp("", "leasehold-redis-")
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := freePort(cluster)
 	if err != nil {
 		return nil, err
 	}
@@ -273,13 +290,26 @@ func waitPing(addr string, timeout time.Duration) error {
 	}
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePort returns a port free on loopback, and for a cluster node one
+// whose bus port (+10 000) is free too.
+func freePort(cluster bool) (int, error) {
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		if !cluster {
+			l.Close()
+			return port, nil
+		}
+		bus, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+10000)))
+		l.Close()
+		if err == nil {
+			bus.Close()
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Cluster is a Redis Cluster of 3 masters and 3 replicas on loopback.

@@ -53,7 +53,7 @@ func newSentinel(t testing.TB, name, host, port string, quorum int, downAfter ti
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := freePort()
+	p, err := freePort(false)
 	if err != nil {
 		t.Fatal(err)
 	}
