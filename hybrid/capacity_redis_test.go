@@ -233,6 +233,20 @@ func TestCapacityLeasesPartition(t *testing.T) {
 	_ = fmt.Sprint
 }
 
+// grantedShare is the part of the rate the fleet's live grants hold
+// together.
+func grantedShare(lims []*Limiter) float64 {
+	var units int64
+	for _, l := range lims {
+		l.keys.each(func(e *entry) {
+			if h := e.held(); h != nil {
+				units += h.share
+			}
+		})
+	}
+	return float64(units) / remote.GrantUnits
+}
+
 // cutFleet is n limiters on one real Redis, each behind its own Cut, with
 // capacity leases of the given term.
 func cutFleet(t *testing.T, n int, p Policy, term time.Duration, opts ...Option) ([]*Limiter, []*storetest.Cut) {
@@ -252,7 +266,8 @@ func cutFleet(t *testing.T, n int, p Policy, term time.Duration, opts ...Option)
 
 // TestCapacityLeasesFullOutage: 4 limiters at their limit lose Redis
 // together for 4 s, shorter than the 10 s term. Each keeps admitting by its
-// grant: the fleet admits the limit's rate within ±2%, with no heartbeat
+// grant: once the grants cover the rate, the fleet admits it within 2%
+// (10% under, for CPU starvation under make test), with no heartbeat
 // count (the fleet size is never configured), nothing decided by the
 // degraded share and nothing to charge afterwards.
 func TestCapacityLeasesFullOutage(t *testing.T) {
@@ -264,6 +279,13 @@ func TestCapacityLeasesFullOutage(t *testing.T) {
 	stop := make(chan struct{})
 	collect := spinAll(lims, 4, "outage", stop)
 	time.Sleep(3 * time.Second)
+	// The first grants are sized by the demand each holder measured before
+	// it had one; under make test's parallel load that can be short of the
+	// rate (the sum was 63% once), and the renewal a third of a term later
+	// fills it. The outage is what is measured here, so it begins once the
+	// grants cover the rate.
+	eventually(t, "the grants to cover the rate", func() bool { return grantedShare(lims) >= 0.98 })
+	granted := grantedShare(lims)
 	cutAt := time.Now()
 	for _, c := range cuts {
 		c.Down.Store(true)
@@ -278,12 +300,11 @@ func TestCapacityLeasesFullOutage(t *testing.T) {
 	during, by := between(adm, cutAt, healAt)
 	want := lim.TokensIn(healAt.Sub(cutAt))
 	debt := fleetStats(lims).OutageDebt
-	t.Logf("all 4 cut for %v: admitted %d, Rate·w %d (%+.2f%%), by source %v, outage debt %d",
-		healAt.Sub(cutAt).Round(time.Millisecond), during, want, 100*float64(during-want)/float64(want), by, debt)
-	// Over is the bound and must never happen; under is a holder whose
-	// grant was short when the outage began, which make test's parallel
-	// load can cause (measured −16.6% there, ±0.0% on an idle machine).
-	if d := float64(during-want) / float64(want); d > 0.02 || d < -0.25 {
+	t.Logf("all 4 cut for %v with %.1f%% of the rate granted: admitted %d, Rate·w %d (%+.2f%%), by source %v, outage debt %d",
+		healAt.Sub(cutAt).Round(time.Millisecond), 100*granted, during, want, 100*float64(during-want)/float64(want), by, debt)
+	// Over is the bound and must never happen; under is a holder starved
+	// of CPU by make test's parallel load while its grant refills.
+	if d := float64(during-want) / float64(want); d > 0.02 || d < -0.10 {
 		t.Fatalf("admitted %d during the outage, %+.2f%% off the limit's %d", during, 100*d, want)
 	}
 	if by[SourceDegraded] != 0 || debt != 0 {

@@ -308,7 +308,9 @@ func TestCrashDetectedAtOnce(t *testing.T) {
 	time.Sleep(time.Second)
 	require.NoError(t, srv.Kill())
 	killedAt.Store(int64(time.Since(start)))
+	stalls := measureStalls()
 	time.Sleep(1100 * time.Millisecond)
+	stall := stalls()
 	cancel()
 	done.Wait()
 	for _, l := range lims {
@@ -317,8 +319,8 @@ func TestCrashDetectedAtOnce(t *testing.T) {
 		}
 	}
 	admittedPct := 100 - first.refusedPct()
-	t.Logf("first second after kill -9 at half the limit: %d decisions, %.1f%% admitted, p99 %v, p99.9 %v, slowest %v, %d errors",
-		first.offered.Load(), admittedPct, first.quantile(0.99), first.quantile(0.999), first.quantile(1), first.errors.Load())
+	t.Logf("first second after kill -9 at half the limit: %d decisions, %.1f%% admitted, p99 %v, p99.9 %v, slowest %v, %d errors; longest stall of a goroutine %v",
+		first.offered.Load(), admittedPct, first.quantile(0.99), first.quantile(0.999), first.quantile(1), first.errors.Load(), stall)
 	if admittedPct < 80 {
 		t.Fatalf("%.1f%% admitted under the limit in the first second after the crash, want ≥ 80%%", admittedPct)
 	}
@@ -326,12 +328,15 @@ func TestCrashDetectedAtOnce(t *testing.T) {
 	// slowest 51–52 ms. Under the race detector with other packages' tests
 	// on the same 2 cores a scheduling hiccup can add more to one decision
 	// than the lease path does, so the strict bound is held at p99.9 and
-	// the slowest gets the same 50 ms of slack as TestOutageOnRealRedis.
-	if p := first.quantile(0.999); p > storeTimeout+10*time.Millisecond {
-		t.Fatalf("p99.9 decision %v, want ≤ store timeout + 10 ms", p)
+	// the slowest gets the same 50 ms of slack as TestOutageOnRealRedis;
+	// both also allow the longest the process left a runnable goroutine
+	// waiting in that second (74 ms at p99.9 once in CI, two decisions
+	// delayed together), which is the machine's and not the limiter's.
+	if p := first.quantile(0.999); p > storeTimeout+10*time.Millisecond+stall {
+		t.Fatalf("p99.9 decision %v, want ≤ store timeout + 10 ms + the longest stall %v", p, stall)
 	}
-	if slowest := first.quantile(1); slowest > storeTimeout+50*time.Millisecond {
-		t.Fatalf("slowest decision %v, want ≤ store timeout + 50 ms", slowest)
+	if slowest := first.quantile(1); slowest > storeTimeout+50*time.Millisecond+stall {
+		t.Fatalf("slowest decision %v, want ≤ store timeout + 50 ms + the longest stall %v", slowest, stall)
 	}
 }
 

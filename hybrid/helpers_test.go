@@ -76,3 +76,36 @@ func (g grantAll) Batch(ctx context.Context, op remote.Op, rs []remote.Request) 
 	}
 	return out
 }
+
+// measureStalls starts a goroutine that wakes every millisecond and
+// returns a func that stops it and reports the longest it woke late: how
+// long this process left a runnable goroutine waiting (the scheduler, the
+// garbage collector, or other processes on the same cores). A decision
+// slower than the limiter allows by no more than that is the machine's.
+func measureStalls() func() time.Duration {
+	var worst time.Duration
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(time.Millisecond)
+		defer tk.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-tk.C:
+				// A tick is stamped when it was due; the wake-up is when
+				// this goroutine runs.
+				woke := time.Now()
+				worst = max(worst, woke.Sub(now), woke.Sub(last)-time.Millisecond)
+				last = woke
+			}
+		}
+	}()
+	return func() time.Duration {
+		close(stop)
+		<-done
+		return worst
+	}
+}
