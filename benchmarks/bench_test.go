@@ -39,11 +39,14 @@ func BenchmarkLimiters(b *testing.B) {
 		seq := w.sequence()
 		for _, par := range goroutines {
 			b.Run(benchName("hybrid", w, par), func(b *testing.B) {
-				benchHybrid(b, srv, w, keys, seq, par, false)
+				benchHybrid(b, srv, w, keys, seq, par)
 			})
-			if w.zipf { // where store calls dominate: is pipelining them worth it?
+			if w.zipf { // where store calls dominate: is pipelining them worth it, and how?
 				b.Run(benchName("hybrid+autopipeline", w, par), func(b *testing.B) {
-					benchHybrid(b, srv, w, keys, seq, par, true)
+					benchHybrid(b, srv, w, keys, seq, par, remote.WithAutoPipeline(true))
+				})
+				b.Run(benchName("hybrid+coalesce", w, par), func(b *testing.B) {
+					benchHybrid(b, srv, w, keys, seq, par, remote.WithCoalescing(4))
 				})
 			}
 			b.Run(benchName("redis_rate", w, par), func(b *testing.B) {
@@ -77,12 +80,12 @@ func client(b *testing.B, srv *redistest.Server) (*redis.Client, *counter) {
 	return c, calls
 }
 
-func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string, seq []int32, par int, autoPipeline bool) {
+func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string, seq []int32, par int, opts ...remote.RedisOption) {
 	ctx := context.Background()
 	c, calls := client(b, srv)
 	// A fresh policy name per run: no run inherits another's buckets.
 	name := "bench-" + time.Now().Format("150405.000000")
-	lim, err := hybrid.New(remote.NewRedis(c, remote.WithAutoPipeline(autoPipeline)), hybrid.Policy{Name: name, Limit: limit(w)},
+	lim, err := hybrid.New(remote.NewRedis(c, opts...), hybrid.Policy{Name: name, Limit: limit(w)},
 		hybrid.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		b.Fatal(err)
