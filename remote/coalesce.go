@@ -2,6 +2,7 @@ package remote
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"sync"
 )
@@ -107,6 +108,11 @@ func (c *coalescer) landed() {
 	lead.next = calls
 	c.mu.Unlock()
 	lead.done <- struct{}{}
+	// The next sender is readied on this P, to run when this goroutine
+	// blocks; a caller that goes on deciding from leases may not block
+	// for a whole time slice (10 ms), and every waiting call would wait
+	// with it (measured: 2 runs in 3 at 16 goroutines took 4× as long).
+	runtime.Gosched()
 }
 
 // later returns whichever of a and b may run longer: one not yet done,
