@@ -101,8 +101,14 @@ func WithAutoPipeline(on bool) RedisOption {
 // are. n ≤ 0, the default, sends every call at once on its own
 // connection.
 //
-// Measured on 100 000 Zipf keys (BenchmarkLimiters, impl=hybrid+coalesce)
-// against the pool alone; see docs/benchmarks.md.
+// Measured on 100 000 Zipf keys (BenchmarkLimiters, impl=hybrid+coalesce,
+// n = 4, three runs each against the pool alone in one run): with 256
+// goroutines 28–32 µs of client CPU per store call against 41–43 µs, and
+// 13–17 µs per decision against 16–17 µs; with 16 goroutines the two
+// overlap (16–48 µs per decision against 12–20 µs: while calls queue,
+// each round trip waits for a waiting caller to be scheduled); with one
+// goroutine no call waits and the two are the same. Turn it on where many
+// goroutines miss their leases at once.
 func WithCoalescing(n int) RedisOption {
 	return redisOptionFunc(func(c *redisConfig) { c.coalesce = n })
 }
