@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"context"
+	"github.com/leasehold/leasehold/internal/testkit/poll"
 	"log/slog"
 	"testing"
 	"time"
@@ -39,13 +40,7 @@ func (w *fakeWorld) limiter(t *testing.T, p Policy, opts ...Option) *Limiter {
 // background refills run in real goroutines even under a manual clock.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond) // polling with a deadline
-	}
+	poll.Until(t, what, 10*time.Second, cond)
 }
 
 // quiesce waits until no refill of l is in flight.

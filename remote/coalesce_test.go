@@ -3,7 +3,9 @@ package remote
 import (
 	"context"
 	"errors"
+	"github.com/leasehold/leasehold/internal/testkit/poll"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -68,13 +70,7 @@ func queueLen(c *coalescer) int {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond) // polling with a deadline
-	}
+	poll.Until(t, what, 5*time.Second, cond)
 }
 
 // TestCoalescerLoneCallGoesAtOnce: with nothing on the wire a call is a
@@ -133,24 +129,12 @@ func TestCoalescerPipelinesTheQueue(t *testing.T) {
 	if f.singles.Load() != 1 || f.batches.Load() != 1 || f.sizes[0] != 3 {
 		t.Fatalf("%d single calls, %d pipelines of %v, want 1 and one of 3", f.singles.Load(), f.batches.Load(), f.sizes)
 	}
-	if want := []int64{1, 2, 0, 4, 5}; !equal(results, want) {
+	if want := []int64{1, 2, 0, 4, 5}; !slices.Equal(results, want) {
 		t.Fatalf("granted %v, want %v (the cancelled call gets nothing)", results, want)
 	}
 	if c.flying != 0 || len(c.queue) != 0 {
 		t.Fatalf("after the last landed: %d on the wire, %d queued", c.flying, len(c.queue))
 	}
-}
-
-func equal(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestCoalescerUnderLoad: 64 callers, a quarter of them with contexts

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/testkit/poll"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -107,13 +108,7 @@ func (w *tierWorld) region(t *testing.T, name string, local *remote.MemoryStore)
 // eventually polls cond until it holds, failing the test after 5 s.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 5 s", what)
-		}
-		time.Sleep(time.Millisecond) // polling with a deadline
-	}
+	poll.Until(t, what, 5*time.Second, cond)
 }
 
 var tierLimit = local.Limit{Rate: 100, Period: time.Second, Burst: 100}
