@@ -94,8 +94,11 @@ func WithAutoPipeline(on bool) RedisOption {
 // call that finds n on the wire waits, and the first to land sends every
 // call waiting then as one pipeline (one per node on Cluster). A call
 // that finds fewer on the wire goes out at once, so a lone call never
-// waits for a batch, and no goroutine is started: a waiting caller sends
-// the pipeline. Each call honors its context while it waits; the
+// waits for a batch, and the coalescer starts no goroutine: a waiting
+// caller sends the pipeline (a Cluster client runs a multi-node pipeline
+// on one goroutine per node, as it does for Batch). Use it or
+// WithAutoPipeline, not both: with both, the calls that go at once are
+// autopipelined. Each call honors its context while it waits; the
 // pipeline runs under the latest deadline among its calls. Returns and
 // debits batched by the limiter are pipelines already and go out as they
 // are. n ≤ 0, the default, sends every call at once on its own
