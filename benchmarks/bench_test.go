@@ -41,12 +41,9 @@ func BenchmarkLimiters(b *testing.B) {
 			b.Run(benchName("hybrid", w, par), func(b *testing.B) {
 				benchHybrid(b, srv, w, keys, seq, par)
 			})
-			if w.zipf { // where store calls dominate: is pipelining them worth it, and how?
+			if w.zipf { // where store calls dominate: is pipelining them worth it?
 				b.Run(benchName("hybrid+autopipeline", w, par), func(b *testing.B) {
 					benchHybrid(b, srv, w, keys, seq, par, remote.WithAutoPipeline(true))
-				})
-				b.Run(benchName("hybrid+coalesce", w, par), func(b *testing.B) {
-					benchHybrid(b, srv, w, keys, seq, par, remote.WithCoalescing(4))
 				})
 			}
 			b.Run(benchName("redis_rate", w, par), func(b *testing.B) {

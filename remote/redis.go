@@ -40,9 +40,6 @@ type RedisStore struct {
 	// ap coalesces concurrent calls into pipelines; nil when
 	// WithAutoPipeline(false) or the client has none.
 	ap *redis.AutoPipeliner
-	// co bounds the calls on the wire and pipelines the rest; nil unless
-	// WithCoalescing.
-	co *coalescer
 	// args keeps the last limit's numbers boxed as script arguments.
 	args argCache
 }
@@ -52,10 +49,7 @@ var _ Store = (*RedisStore)(nil)
 // RedisOption configures a RedisStore.
 type RedisOption interface{ apply(*redisConfig) }
 
-type redisConfig struct {
-	clusterReload, autoPipeline bool
-	coalesce                    int
-}
+type redisConfig struct{ clusterReload, autoPipeline bool }
 
 type redisOptionFunc func(*redisConfig)
 
@@ -90,32 +84,6 @@ func WithAutoPipeline(on bool) RedisOption {
 	return redisOptionFunc(func(c *redisConfig) { c.autoPipeline = on })
 }
 
-// WithCoalescing bounds the store's calls on the wire to n at once: a
-// call that finds n on the wire waits, and the first to land sends every
-// call waiting then as one pipeline (one per node on Cluster). A call
-// that finds fewer on the wire goes out at once, so a lone call never
-// waits for a batch, and the coalescer starts no goroutine: a waiting
-// caller sends the pipeline (a Cluster client runs a multi-node pipeline
-// on one goroutine per node, as it does for Batch). Use it or
-// WithAutoPipeline, not both: with both, the calls that go at once are
-// autopipelined. Each call honors its context while it waits; the
-// pipeline runs under the latest deadline among its calls. Returns and
-// debits batched by the limiter are pipelines already and go out as they
-// are. n ≤ 0, the default, sends every call at once on its own
-// connection.
-//
-// Measured on 100 000 Zipf keys (BenchmarkLimiters, impl=hybrid+coalesce,
-// n = 4, three runs each against the pool alone in one run): with 256
-// goroutines 28–32 µs of client CPU per store call against 41–43 µs, and
-// 13–17 µs per decision against 16–17 µs; with 16 goroutines the two
-// overlap (16–48 µs per decision against 12–20 µs: while calls queue,
-// each round trip waits for a waiting caller to be scheduled); with one
-// goroutine no call waits and the two are the same. Turn it on where many
-// goroutines miss their leases at once.
-func WithCoalescing(n int) RedisOption {
-	return redisOptionFunc(func(c *redisConfig) { c.coalesce = n })
-}
-
 // NewRedis returns a Store over c.
 func NewRedis(c redis.UniversalClient, opts ...RedisOption) *RedisStore {
 	cfg := redisConfig{clusterReload: true}
@@ -126,10 +94,6 @@ func NewRedis(c redis.UniversalClient, opts ...RedisOption) *RedisStore {
 	s.ops = ops{do: s.do, grant: s.grantCall}
 	if cc, ok := c.(*redis.ClusterClient); ok && cfg.clusterReload {
 		s.reload = func() { cc.ReloadState(context.Background()) }
-	}
-	if cfg.coalesce > 0 {
-		s.co = &coalescer{single: s.do, batch: s.sendQueued, max: cfg.coalesce}
-		s.ops.do = s.co.call
 	}
 	if cfg.autoPipeline {
 		// A client that cannot build one (a closed client, a bad
@@ -259,31 +223,15 @@ func (s *RedisStore) failed(key string, err error) error {
 // client splits into one pipeline per node; any that find the script
 // missing are sent again in a second pipeline as EVAL.
 func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
-	return s.pipeline(ctx, len(rs), func(i int) (Op, *Request) { return op, &rs[i] })
-}
-
-// sendQueued is the coalescer's pipeline: each queued call gets its reply.
-func (s *RedisStore) sendQueued(ctx context.Context, calls []*queued) {
-	out := s.pipeline(ctx, len(calls), func(i int) (Op, *Request) { return calls[i].op, &calls[i].req })
-	for i, q := range calls {
-		q.res, q.err = out[i].Result, out[i].Err
-	}
-}
-
-// pipeline sends n calls, the ith's op and request given by call, as one
-// pipeline, which a Cluster client splits into one pipeline per node;
-// any that find the script missing are sent again in a second pipeline as
-// EVAL.
-func (s *RedisStore) pipeline(ctx context.Context, n int, call func(i int) (Op, *Request)) []Reply {
-	out := make([]Reply, n)
-	keys := make([][]string, n)
-	scripts := make([]*redis.Script, n)
-	args := make([][]any, n)
-	cmds := make([]*redis.Cmd, n)
+	out := make([]Reply, len(rs))
+	keys := make([][]string, len(rs))
+	scripts := make([]*redis.Script, len(rs))
+	args := make([][]any, len(rs))
+	cmds := make([]*redis.Cmd, len(rs))
 	pipe := s.c.Pipeline()
-	for i := range n {
+	for i := range rs {
 		var err error
-		if keys[i], scripts[i], args[i], err = s.args.scriptArgs(call(i)); err != nil {
+		if keys[i], scripts[i], args[i], err = s.args.scriptArgs(op, &rs[i]); err != nil {
 			out[i].Err = err
 			continue
 		}
