@@ -144,7 +144,7 @@ func (l *Limiter) refund(p *policyState, e *entry, key string, tier uint16, n in
 // then its grant, the rest as a debit to the bucket.
 func (l *Limiter) chargeExtra(p *policyState, e *entry, key string, tier uint16, n int64) {
 	if e != nil {
-		n -= takeUpTo(e, n, l.cfg.spendAt())
+		n -= l.takeUpTo(e, n, l.cfg.spendAt())
 		if h := e.held(); h != nil && n > 0 {
 			n -= h.takeUpTo(l.cfg.now(), n)
 		}
@@ -159,13 +159,15 @@ func (l *Limiter) chargeExtra(p *policyState, e *entry, key string, tier uint16,
 
 // takeUpTo takes at most n tokens from e's lease at now and returns how
 // many.
-func takeUpTo(e *entry, n int64, now mono) int64 {
+func (l *Limiter) takeUpTo(e *entry, n int64, now mono) int64 {
 	for {
 		k := min(n, e.live(now))
 		if k <= 0 {
 			return 0
 		}
-		if ok, _ := e.lease.TakeBefore(k, int64(now)); ok {
+		ok, _, decayed := e.take(k, now)
+		l.stats.tokensExpired.Add(decayed)
+		if ok {
 			return k
 		}
 	}

@@ -17,22 +17,21 @@ import (
 // corrupt buckets need lives in rareState, allocated on first use. The
 // first fields are the hot path's and are only touched atomically.
 type entry struct {
-	lease    lease.Cell
-	admits   atomic.Int64 // decisions admitted from the lease
-	lowWater atomic.Int32 // refill in the background below this many tokens (clamped)
+	lease  lease.Cell
+	admits atomic.Int64 // decisions admitted from the lease
 	// sweepMark is owned by the key table's sweep, which runs one pass at
 	// a time: see idleSweep.
-	sweepMark uint32
+	sweepMark uint16
+	// tier is the index of the key's tier in the policy (policyState.tiers),
+	// fixed when the entry is made: a key that changes tier gets a new
+	// entry.
+	tier      uint16
+	refilling atomic.Bool  // a background refill is running
 	answer    answer       // the store's last answer
 	inflow    atomic.Int64 // tokens put into the lease less those taken out unspent
 	misses    atomic.Int64 // tokens asked for on the slow path
 	waiting   atomic.Int64 // tokens wanted by callers waiting on a store call
 	callSince atomicMono   // 1 + the time the store call in flight began; 0: none
-	refilling atomic.Bool  // a background refill is running
-	// tier is the index of the key's tier in the policy (policyState.tiers),
-	// fixed when the entry is made: a key that changes tier gets a new
-	// entry. It sits in padding, so it costs no bytes.
-	tier uint16
 
 	rare atomic.Pointer[rareState]
 	key  string
@@ -140,14 +139,14 @@ func (e *entry) takeDebt() int64 {
 // live returns the tokens e's lease can still spend at at (see
 // config.spendAt): none once it has expired.
 func (e *entry) live(now mono) int64 {
-	if int64(now) >= e.lease.Expiry() {
-		return 0
+	if now == noExpiry {
+		return e.lease.Tokens()
 	}
-	return e.lease.Tokens()
+	return e.lease.Spendable(int64(now))
 }
 
-// setLowWater sets the low-water mark, clamped to the field.
-func (e *entry) setLowWater(n int64) { e.lowWater.Store(int32(min(n, math.MaxInt32))) }
+// setLowWater sets the low-water mark: a refill starts below it.
+func (e *entry) setLowWater(n int64) { e.lease.SetLowWater(n) }
 
 // refuse caches a refusal of requests of n tokens or more until until;
 // n is clamped: a request of 2^31 tokens or more is refused like the
@@ -192,16 +191,31 @@ func newEntry(key string) *entry {
 	return e
 }
 
-// spend takes n tokens from the lease at now, before the lease expires
-// (a now of noExpiry: whatever its expiry), and counts the admission; low reports that the lease fell below its
+// spend takes n tokens from the lease at now for one decision (see take)
+// and counts the admission; low reports that the lease fell below its
 // low-water mark. Small enough to inline, so a decision on a leased key
 // makes no call.
-func (e *entry) spend(n int64, now mono) (ok, low bool, left int64) {
-	if ok, left = e.lease.TakeBefore(n, int64(now)); ok {
+func (e *entry) spend(n int64, now mono) (ok, low bool, left, decayed int64) {
+	if ok, left, decayed = e.take(n, now); ok {
 		e.admits.Add(1)
-		low = left < int64(e.lowWater.Load())
+		low = left < e.lease.LowWater()
 	}
-	return ok, low, left
+	return ok, low, left, decayed
+}
+
+// take takes n tokens from the lease at now: a now of noExpiry takes
+// whatever its expiry, any other only what its line holds then (see
+// lease.Cell.TakeDecaying). decayed is the tokens found decayed unspent
+// and dropped, which the caller counts as expired.
+func (e *entry) take(n int64, now mono) (ok bool, left, decayed int64) {
+	if now == noExpiry {
+		ok, left = e.lease.Take(n)
+		return ok, left, 0
+	}
+	if ok, left, decayed = e.lease.TakeDecaying(n, int64(now)); decayed > 0 {
+		e.inflow.Add(-decayed)
+	}
+	return ok, left, decayed
 }
 
 func (a *answer) resetAfter(now mono) time.Duration {
@@ -263,11 +277,14 @@ func (e *entry) consumed() int64 {
 
 // idleSweep records a sweep of e that saw activity count activity, or
 // found it busy, and returns for how many sweeps in a row e has been idle
-// (0: active since the last). The count and the activity's low 28 bits
-// share sweepMark: 4 bytes instead of 16 on every tracked key.
+// (0: active since the last). The count and the activity's low 12 bits
+// share sweepMark: 2 bytes instead of 16 on every tracked key. (A key
+// whose activity between two sweeps is a multiple of 4 096 looks idle to
+// that sweep; eviction takes 8 idle sweeps in a row, and never takes a
+// busy key.)
 func (e *entry) idleSweep(activity int64, busy bool) int {
 	const idleBits = 4 // counts to idleSweepsBeforeEvict
-	mark := uint32(activity) << idleBits
+	mark := uint16(activity) << idleBits
 	if busy || e.sweepMark>>idleBits != mark>>idleBits {
 		e.sweepMark = mark
 		return 0

@@ -349,8 +349,9 @@ func ExampleWithStrictWindows() {
 	}
 	defer lim.Close(ctx)
 
-	// A burst of 60: each lease taken along the way ends when the bucket
-	// it came from, as it was, would be full again (600 ms at the most).
+	// A burst of 60: each lease taken along the way decays as the bucket
+	// it came from refills, to nothing when it would be full again (600
+	// ms at the most).
 	burst := 0
 	for range 60 {
 		if lim.Allow(ctx, "acme") {

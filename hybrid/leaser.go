@@ -51,7 +51,10 @@ type leaser struct {
 // its low-water mark. It is the hot path: e.spend inlines, and the refill
 // call runs about once per batch.
 func (ls *leaser) spend(e *entry, n int64, now mono) (ok bool, left int64) {
-	ok, low, left := e.spend(n, now)
+	ok, low, left, decayed := e.spend(n, now)
+	if decayed > 0 {
+		ls.stats.tokensExpired.Add(decayed)
+	}
 	if low {
 		ls.refillAsync(e)
 	}
@@ -110,7 +113,7 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int6
 // reservations still hold more than the low-water mark. It runs about once
 // per batch, not per request.
 func (ls *leaser) refillAsync(e *entry) {
-	if e.reserved() > int64(e.lowWater.Load()) || e.refilling.Load() || ls.outage.held(ls.cfg.now()) || !e.refilling.CompareAndSwap(false, true) {
+	if e.reserved() > e.lease.LowWater() || e.refilling.Load() || ls.outage.held(ls.cfg.now()) || !e.refilling.CompareAndSwap(false, true) {
 		return
 	}
 	if ls.bg.After(0, func() {
@@ -384,13 +387,13 @@ func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, waiters i
 		hand := min(res.Granted, waiters)
 		ls.stats.tokensLeased.Add(hand)
 		if rest := res.Granted - hand; rest > 0 {
-			ls.deposit(e, rest, ls.lifetime(p.tier(e), res, start), now)
+			ls.deposit(e, rest, ls.lifetime(res, start), now)
 		}
 		return fetchOutcome{deposited: true, handout: hand, at: now}
 	}
 	until := mono(math.MaxInt64) // given back when it expires, as leases are
 	if ls.strict(p) {
-		until = ls.lifetime(p.tier(e), res, start)
+		until = ls.lifetime(res, start)
 	}
 	ls.pace.reserve(e, p.tier(e).limits[0], res.Granted, res.Delay, now, until)
 	return fetchOutcome{retry: res.Delay, at: now}
@@ -408,31 +411,38 @@ func (ls *leaser) bucketLost(e *entry) {
 	}
 }
 
-// lifetime is when the tokens of a lease on a token bucket (t's limit,
-// one limit), sent for at start and answered with res, stop being
-// spendable: start plus the time the bucket, as it was before the grant,
-// takes to refill to Burst. This is what keeps the bound in every window,
-// not only from the start, whoever holds what. Take the earliest grant
-// whose tokens some process still holds, at τ, from a level L: every later
-// grant came out of the bucket, which only refill raised since (a lease's
-// unspent tokens are dropped at its end, never given back), so at any t
-// the bucket plus every held token is at most L + Rate·(t − τ), which is
-// Burst at that grant's end; past it, the next earliest takes over. A
-// lease from a full bucket so holds nothing past its callers, and one from
-// a bucket in deficit (a key near or at its limit, future-dated grants
-// out) lives as long as the deficit takes to refill.
+// lifetime is the end of the line under which the tokens of a lease on a
+// token bucket (t's limit, one limit), sent for at start and answered
+// with res, may be spent: they are spendable at t up to (end − t)/step,
+// one token less per step of the bucket's refill (see lease.Cell). end is
+// start plus the time the bucket, as the grant left it, takes to refill
+// to Burst: a grant of g from a level L holds g for the (Burst − L) steps
+// the bucket takes back to L, then decays a token a step.
+//
+// This keeps bucket plus every held token at most Burst at every instant,
+// whoever holds what, so the bound holds in every window. Take the
+// earliest grant (τ, L, g) whose tokens some process still holds at t:
+// every later grant came out of the bucket, which only refill raised
+// since (unspent tokens are dropped at their line's end, never given
+// back), so the bucket and the later grants' held tokens are at most
+// L − g + Rate·(t − τ); the earliest's own held tokens are at most its
+// line, g + (Burst − L) − Rate·(t − τ); the sum is at most Burst. A cell
+// that holds tokens of two grants keeps each under its own line (see
+// lease.Cell.AddDecaying). A lease from a full bucket so decays from the
+// start, and one from a bucket in deficit (a key near or at its limit,
+// future-dated grants out) holds its tokens as long as the deficit takes
+// to refill.
 //
 // ResetAfter is the time to full after the grant, rounded up to the
-// microsecond; the grant's own refill time comes off it. A bucket that
-// keeps capacity grants refills slower and to less than Burst, so its
-// leases hold nothing past their callers.
-func (ls *leaser) lifetime(t *tierState, res remote.Result, start mono) mono {
+// microsecond (a microsecond comes off), from the store's clock when it
+// ran the call, which is no earlier than start. A bucket that keeps
+// capacity grants refills slower and to less than Burst, so its leases
+// hold nothing past their callers.
+func (ls *leaser) lifetime(res remote.Result, start mono) mono {
 	if res.Holders > 0 {
 		return start
 	}
-	lim := t.limits[0]
-	own := time.Duration(math.Ceil(float64(res.Granted) * float64(lim.Period) / float64(max(lim.Rate, 1))))
-	return start.add(max(res.ResetAfter-time.Microsecond-own, 0))
+	return start.add(max(res.ResetAfter-time.Microsecond, 0))
 }
 
 // strict reports whether leases under p end as their bucket refills
@@ -454,9 +464,11 @@ func (ls *leaser) deposit(e *entry, n int64, until, now mono) {
 		ls.giveBack(e, n)
 		return
 	}
+	// A token per step of the bucket, rounded up: the line falls no
+	// slower than the bucket refills.
 	step := max(tokenStep(p.tier(e).limits[0]), 1) + 1
 	e.mu.Lock() // the lease's writers are serialized
-	ok, expired := e.lease.AddUntil(n, int64(until), int64(now), step)
+	ok, expired := e.lease.AddDecaying(n, int64(until), int64(now), step)
 	if ok {
 		e.inflow.Add(n - expired)
 	}

@@ -21,7 +21,7 @@ type mono int64
 const noExpiry = mono(math.MinInt64)
 
 // spendAt is the time a decision spends leased tokens at: now under
-// WithStrictWindows, whose leases end exactly (see leaser.lifetime),
+// WithStrictWindows, whose leases decay exactly (see leaser.lifetime),
 // noExpiry otherwise.
 func (c *config) spendAt() mono {
 	if c.strict {

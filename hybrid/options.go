@@ -139,13 +139,14 @@ func WithLeaseTTL(d time.Duration) Option { return optionFunc(func(c *config) { 
 // most what they held then: README, "What it promises"), because the
 // bucket refills behind leased tokens while they wait to be spent.
 //
-// With it on, a token bucket's lease lives only as long as its bucket,
-// as it was before the grant, takes to refill to Burst, and its unspent
-// tokens are then dropped rather than given back (see leaser.lifetime for
-// why that holds whoever holds what). The tokens a call brings for the
-// callers waiting on it are theirs at once. The costs, measured: a key
-// below its limit has a near-full bucket, whose leases live about as long
-// as the refill of the tokens just taken, so most of its decisions are
+// With it on, a token bucket's lease holds its tokens while the bucket, as
+// the grant left it, refills to the level the grant came from, then loses
+// a token per token of refill, and its decayed tokens are dropped rather
+// than given back (see leaser.lifetime for why that holds whoever holds
+// what). The tokens a call brings for the callers waiting on it are
+// theirs at once. The costs, measured: a key below its limit has a
+// near-full bucket, whose leases decay about as soon as they are granted,
+// so most of its decisions are
 // store calls (4 limiters at half the limit of a 100/s key: one per
 // decision, against 0.47 without; TestKeySpreadBelowItsLimit); a key at
 // its limit, whose bucket is in deficit, keeps its leases; a leased

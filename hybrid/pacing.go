@@ -26,7 +26,7 @@ type reservation struct {
 	end       mono        // when the last token becomes spendable
 	step      int64       // ns per token, rounded down
 	timer     clock.Timer // the next release; under reservations.mu
-	until     mono        // when its tokens stop being spendable (leaser.lifetime)
+	until     mono        // the end of its tokens' line (leaser.lifetime)
 }
 
 // releaseLag keeps each release strictly after the store's µs-rounded
@@ -173,7 +173,7 @@ type pacer struct {
 }
 
 // reserve holds a future-dated grant of n tokens of e under lim, whole at
-// now+delay and spendable until until (its lease's lifetime), and releases
+// now+delay and spendable under a line ending at until (leaser.lifetime), and releases
 // it into e's lease at lim's pace. Until a release the key rejects locally
 // with the exact wait for it.
 func (pc *pacer) reserve(e *entry, lim Limit, n int64, delay time.Duration, now, until mono) {

@@ -143,13 +143,15 @@ func overFromStart(adm []admission, lim Limit) int64 {
 	return worst
 }
 
-// TestStrictLeaseEndsWithItsBucketsRefill: under WithStrictWindows a lease
-// taken from a bucket in deficit is spendable until the bucket, as it was
-// before the grant, would be full, and no longer; what is left then is
+// TestStrictLeaseDecaysWithItsBucketsRefill: under WithStrictWindows a
+// lease taken from a bucket in deficit holds its tokens while the bucket,
+// as the grant left it, refills to what it was, then loses a token per
+// token of refill, to none when the bucket would be full; what decayed is
 // dropped and counted, not given back.
-func TestStrictLeaseEndsWithItsBucketsRefill(t *testing.T) {
+func TestStrictLeaseDecaysWithItsBucketsRefill(t *testing.T) {
 	w := newFakeWorld()
 	lim := Limit{Rate: 100, Period: time.Second, Burst: 100}
+	step := time.Duration(tokenStep(lim) + 1)
 	l := w.limiter(t, Policy{Name: "strict-life", Limit: lim}, WithStrictWindows(true), WithMaxReservation(0))
 	ctx := context.Background()
 	// Empty half the bucket in one go: the next leases come from a level
@@ -161,35 +163,51 @@ func TestStrictLeaseEndsWithItsBucketsRefill(t *testing.T) {
 		require.True(t, l.Allow(ctx, "k"), "Allow %d", i)
 	}
 	e := l.keys.load("k")
-	held := e.lease.Tokens()
-	if held == 0 {
-		t.Fatal("no lease held beyond the callers' tokens from a bucket 500 ms from full")
+	now := l.cfg.now()
+	held := e.live(now)
+	if held < 2 {
+		t.Fatalf("%d tokens held beyond the callers' from a bucket 500 ms from full, want at least 2", held)
 	}
-	// The lease ends when the bucket its last grant came from would be
-	// full: from a level of at least 100 − 50 − 20 − the lease, within
-	// 1 s, and no sooner than 500 ms (50 tokens) from now.
-	end := time.Duration(e.lease.Expiry() - int64(l.cfg.now()))
-	if end < 500*time.Millisecond || end > time.Second {
-		t.Fatalf("lease ends in %v, want in [500 ms, 1 s]", end)
+	// The line ends when the bucket the last grant left would be full:
+	// within 1 s, and no sooner than 500 ms (its 50 tokens) plus the
+	// lease's own from now.
+	end := time.Duration(e.lease.Expiry() - int64(now))
+	if end < 500*time.Millisecond+time.Duration(held)*10*time.Millisecond || end > time.Second {
+		t.Fatalf("lease of %d ends in %v, want in [500 ms + its own refill, 1 s]", held, end)
 	}
-	// A moment before, what is held is still spendable without a call.
-	w.clk.Advance(end - time.Millisecond)
+	// Until the line comes down to the lease, every token is spendable;
+	// a step later, one fewer, spent without a store call.
+	w.clk.Advance(end - time.Duration(held)*step - time.Millisecond)
+	if got := e.live(l.cfg.now()); got != held {
+		t.Fatalf("%d spendable a moment before the line reaches the lease of %d", got, held)
+	}
+	w.clk.Advance(step)
+	if got := e.live(l.cfg.now()); got != held-1 {
+		t.Fatalf("%d spendable a step later, want %d", got, held-1)
+	}
 	calls := l.Stats().StoreCalls
 	require.True(t, l.Allow(ctx, "k"))
 	if got := l.Stats().StoreCalls; got != calls {
-		t.Fatalf("Allow a moment before the lease's end made a store call")
+		t.Fatalf("Allow under the line made a store call")
+	}
+	if s := l.Stats(); s.TokensExpired != 1 {
+		t.Fatalf("%d tokens counted expired after one decayed, want 1", s.TokensExpired)
 	}
 	// At its end the lease is spent no more: the decision asks the store.
-	w.clk.Advance(time.Millisecond)
+	w.clk.Advance(time.Duration(held-1)*step + time.Millisecond)
 	left := e.lease.Tokens()
 	require.True(t, l.Allow(ctx, "k"))
 	s := l.Stats()
 	if s.StoreCalls == calls {
 		t.Fatalf("Allow at the lease's end used the lease (%d tokens left in it), want a store call", left)
 	}
-	eventually(t, "the expired tokens dropped", func() bool { return l.Stats().TokensExpired >= left })
+	if got := e.live(l.cfg.now()); got != 0 {
+		t.Fatalf("%d spendable at the line's end", got)
+	}
+	w.clk.Advance(l.cfg.sweepInterval) // the sweep drains what is left
+	eventually(t, "the decayed tokens dropped", func() bool { return l.Stats().TokensExpired >= 1+left })
 	if s := l.Stats(); s.TokensReturned != 0 {
 		t.Fatalf("%d tokens given back, want none (dropped: %d)", s.TokensReturned, s.TokensExpired)
 	}
-	t.Logf("held %d after the first leases, %d left at their end; stats: %d store calls, %d expired", held, left, s.StoreCalls, l.Stats().TokensExpired)
+	t.Logf("held %d after the first leases, line ends in %v, %d left at its end; stats: %d store calls, %d expired", held, end, left, s.StoreCalls, l.Stats().TokensExpired)
 }

@@ -28,10 +28,10 @@ type Stats struct {
 	// outage began: they fall due during the outage, which the degraded
 	// share covers, so they are neither spent nor given back.
 	TokensDropped int64
-	// TokensExpired counts leased tokens of a token bucket that reached
-	// the end of their lease unspent (the time their bucket took to
-	// refill) and were dropped: given back, they could let the bucket
-	// refill past Burst under leases others still hold.
+	// TokensExpired counts leased tokens of a token bucket that decayed
+	// unspent under WithStrictWindows (their bucket refilled behind them)
+	// or were dropped at Close or eviction: given back, they could let the
+	// bucket refill past Burst under leases others still hold.
 	TokensExpired int64
 	// TokensDebited counts tokens admitted during outages and charged to
 	// the store afterwards.

@@ -18,13 +18,35 @@ const closed = math.MinInt64 / 2
 //
 // The expiry is advisory for Take: the owner (the hybrid limiter) sweeps
 // expired leases with DrainExpired, so Take needs no clock read.
-// TakeBefore enforces it, for an owner whose leases must end exactly.
+// TakeDecaying enforces it, for an owner whose leases must end exactly.
 //
 // A Cell is safe for concurrent use; its zero value is an empty, open
 // lease.
 type Cell struct {
 	tokens atomic.Int64
-	expiry atomic.Int64
+	expiry atomic.Int64 // under AddDecaying, when the line reaches zero
+	// step is the nanoseconds per token the line falls, as float32 bits
+	// rounded up (a line no higher than asked); 0: no decay. It and low
+	// fill what would be padding: the hybrid limiter keeps a Cell on
+	// every tracked key.
+	step atomic.Uint32
+	low  atomic.Int32 // the owner's low-water mark
+}
+
+// LowWater returns the low-water mark set by SetLowWater: the owner
+// refills the lease when fewer tokens are left.
+func (c *Cell) LowWater() int64 { return int64(c.low.Load()) }
+
+// SetLowWater sets the low-water mark, clamped to what the cell keeps.
+func (c *Cell) SetLowWater(n int64) { c.low.Store(int32(min(max(n, 0), math.MaxInt32))) }
+
+// stepBits is step as the cell keeps it: float32 bits, rounded up.
+func stepBits(step int64) uint32 {
+	f := float32(step)
+	if float64(f) < float64(step) {
+		f = math.Nextafter32(f, math.MaxFloat32)
+	}
+	return math.Float32bits(f)
 }
 
 // Take spends n tokens if at least n are left, and returns the count left.
@@ -105,55 +127,132 @@ func (c *Cell) AddBefore(n, expiresAt int64) bool {
 // Expiry returns the lease's expiry (nanoseconds on the owner's clock).
 func (c *Cell) Expiry() int64 { return c.expiry.Load() }
 
-// TakeBefore spends n tokens if at least n are left and now (nanoseconds
-// on the owner's clock) is before the lease's expiry, and returns the count
-// left. The tokens are read before the expiry, and writers (AddUntil)
-// store the expiry before the tokens, so tokens read here are never judged
-// by an expiry older than theirs.
-func (c *Cell) TakeBefore(n, now int64) (ok bool, left int64) {
+// A decaying lease (AddDecaying) holds at most (end − now)/step tokens at
+// now: its line falls by a token per step and reaches zero at end, as the
+// bucket its tokens came from refills behind it. A lease added with Add
+// (step 0) keeps every token until its expiry instead.
+
+// TakeDecaying spends n tokens if at least n are spendable at now
+// (nanoseconds on the owner's clock), and returns the count left and the
+// tokens that had decayed, which it drops. The tokens are read before the
+// line, and writers (AddDecaying) store the line before the tokens, so
+// tokens read here are never judged by a line longer than theirs.
+func (c *Cell) TakeDecaying(n, now int64) (ok bool, left, decayed int64) {
 	for {
 		cur := c.tokens.Load()
-		if cur < n || now >= c.expiry.Load() {
-			return false, max(cur, 0)
+		if cur < n {
+			return false, max(cur, 0), 0
 		}
-		if c.tokens.CompareAndSwap(cur, cur-n) {
-			return true, cur - n
+		avail := c.cap(cur, now)
+		if avail < n {
+			return false, avail, 0
+		}
+		if c.tokens.CompareAndSwap(cur, avail-n) {
+			return true, avail - n, cur - avail
 		}
 	}
 }
 
-// AddUntil puts n granted tokens that may be spent until until into the
-// lease at now, and returns the expired tokens it dropped; it returns
-// false, adding nothing, if the lease is closed. Writers must be
-// serialized by the owner; TakeBefore may run concurrently.
+// Spendable returns the tokens that can be spent at now: none once the
+// lease has expired, and at most its line under AddDecaying.
+func (c *Cell) Spendable(now int64) int64 {
+	cur := c.tokens.Load()
+	if cur <= 0 {
+		return 0
+	}
+	return c.cap(cur, now)
+}
+
+// cap is min(cur, the line at now): cur when the line is above it, which
+// one multiplication tells without a division.
+func (c *Cell) cap(cur, now int64) int64 {
+	bits := c.step.Load()
+	end := c.expiry.Load()
+	if now >= end {
+		return 0
+	}
+	if bits == 0 {
+		return cur
+	}
+	step, d := float64(math.Float32frombits(bits)), float64(end-now)
+	if float64(cur)*step <= d {
+		return cur
+	}
+	h := int64(d / step)
+	if float64(h)*step > d { // the division rounded up
+		h--
+	}
+	return h
+}
+
+// AddDecaying puts n granted tokens into the lease at now under a line
+// that reaches zero at end, falling a token per step, and returns the
+// tokens it dropped; it returns false, adding nothing, if the lease is
+// closed. Writers must be serialized by the owner; TakeDecaying may run
+// concurrently.
 //
-// Tokens still live in the lease keep the later of their own expiry and
-// until less the time their count takes at step (nanoseconds per token):
-// spent on top of the new grant, they make it end that much sooner. That
-// is what keeps the bound of a lease whose expiry is the time its bucket
-// takes to refill (see the hybrid package's lifetime): the older tokens
-// are held as part of the newer grant.
-func (c *Cell) AddUntil(n, until, now, step int64) (ok bool, dropped int64) {
+// One line must hold the tokens still spendable and the new ones without
+// letting the cell hold more than the two lines would apart. With the
+// old line at height a and the new at b ≥ n, a line of height
+// min(a + n, b) does, spending the old tokens first: it is b while the
+// old line is above what the old tokens need, and a + n, a only lifted by
+// the new tokens, otherwise. (Carrying old tokens under the new line
+// alone would let them outlive the refill that bounds them: bucket plus
+// held tokens could then exceed the bucket's size.) When the old tokens
+// alone under the old line, or the new alone under theirs, offer more
+// token-time, the others are dropped instead.
+func (c *Cell) AddDecaying(n, end, now, step int64) (ok bool, dropped int64) {
 	for {
 		cur := c.tokens.Load()
 		if cur < 0 {
 			return false, dropped
 		}
-		old := c.expiry.Load()
-		if cur > 0 && old <= now {
-			// Expired: not the new grant's to carry.
-			if c.tokens.CompareAndSwap(cur, 0) {
-				dropped += cur
+		eff, line, add := c.cap(cur, now), end, n
+		if c.step.Load() != stepBits(step) {
+			eff = 0 // a line of another slope: not worth a second one
+		}
+		if eff > 0 {
+			old := c.expiry.Load()
+			lifted := min(old+min(n, math.MaxInt64/4/step)*step, end)
+			both, alone, kept := area(eff+n, lifted, now, step), area(n, end, now, step), area(eff, old, now, step)
+			switch {
+			case both >= alone && both >= kept:
+				line = lifted
+			case kept > alone: // the new line is far below the old
+				line, add = old, 0
+			default:
+				eff = 0
 			}
-			continue
 		}
-		e := until
-		if cur > 0 {
-			e = max(old, until-min(cur, math.MaxInt64/max(step, 1))*step)
+		if !c.tokens.CompareAndSwap(cur, eff) {
+			continue // spent meanwhile
 		}
-		c.expiry.Store(e)
-		if c.tokens.CompareAndSwap(cur, cur+n) {
-			return true, dropped
+		dropped += cur - eff + n - add
+		if eff == 0 {
+			c.step.Store(stepBits(step)) // no tokens: no reader judges any by these
 		}
+		c.expiry.Store(line)
+		for add > 0 {
+			cur := c.tokens.Load()
+			if cur < 0 {
+				return false, dropped
+			}
+			if c.tokens.CompareAndSwap(cur, cur+add) {
+				break
+			}
+		}
+		return true, dropped
 	}
+}
+
+// area is the token-time (tokens × steps) that t tokens under a line
+// ending at end offer from now if none is spent: the measure AddDecaying
+// keeps the most of.
+func area(t, end, now, step int64) float64 {
+	h := float64(max(end-now, 0)) / float64(step)
+	tf := float64(t)
+	if h <= tf {
+		return h * h / 2
+	}
+	return tf*(h-tf) + tf*tf/2
 }
