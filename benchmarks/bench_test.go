@@ -39,11 +39,15 @@ func BenchmarkLimiters(b *testing.B) {
 		seq := w.sequence()
 		for _, par := range goroutines {
 			b.Run(benchName("hybrid", w, par), func(b *testing.B) {
-				benchHybrid(b, srv, w, keys, seq, par)
+				benchHybrid(b, srv, w, keys, seq, par, nil)
 			})
 			if w.zipf { // where store calls dominate: is pipelining them worth it?
 				b.Run(benchName("hybrid+autopipeline", w, par), func(b *testing.B) {
-					benchHybrid(b, srv, w, keys, seq, par, remote.WithAutoPipeline(true))
+					benchHybrid(b, srv, w, keys, seq, par, nil, remote.WithAutoPipeline(true))
+				})
+				// The bound in every window: what do cold keys pay for it?
+				b.Run(benchName("hybrid+strict", w, par), func(b *testing.B) {
+					benchHybrid(b, srv, w, keys, seq, par, []hybrid.Option{hybrid.WithStrictWindows(true)})
 				})
 			}
 			b.Run(benchName("redis_rate", w, par), func(b *testing.B) {
@@ -77,13 +81,13 @@ func client(b *testing.B, srv *redistest.Server) (*redis.Client, *counter) {
 	return c, calls
 }
 
-func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string, seq []int32, par int, opts ...remote.RedisOption) {
+func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string, seq []int32, par int, hopts []hybrid.Option, opts ...remote.RedisOption) {
 	ctx := context.Background()
 	c, calls := client(b, srv)
 	// A fresh policy name per run: no run inherits another's buckets.
 	name := "bench-" + time.Now().Format("150405.000000")
 	lim, err := hybrid.New(remote.NewRedis(c, opts...), hybrid.Policy{Name: name, Limit: limit(w)},
-		hybrid.WithLogger(slog.New(slog.DiscardHandler)))
+		append([]hybrid.Option{hybrid.WithLogger(slog.New(slog.DiscardHandler))}, hopts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
