@@ -50,7 +50,7 @@ func hotLimiterOf(tb testing.TB, p Policy, opts ...Option) *Limiter {
 		// above the lease for the bench's length, as a grant from a deep
 		// deficit would be.
 		e.lease.Drain()
-		e.lease.AddDecaying(1<<40, int64(time.Hour), int64(l.cfg.now()), tokenStep(p.Limit)+1)
+		e.lease.AddDecaying(1<<40, int64(time.Hour), int64(l.cfg.now()), tokenStep(p.Limit)+1, 1)
 	} else {
 		e.lease.Add(1<<40, int64(time.Hour))
 	}

@@ -351,8 +351,7 @@ func ExampleWithStrictWindows() {
 
 	// A burst of 60: each lease taken along the way decays as the bucket
 	// it came from refills, to nothing when it would be full again (600
-	// ms at the most). Lines are rounded down: a token may be lost where
-	// a lease joins another's.
+	// ms at the most).
 	burst := 0
 	for range 60 {
 		if lim.Allow(ctx, "acme") {
@@ -372,5 +371,5 @@ func ExampleWithStrictWindows() {
 	fmt.Printf("burst %d, 700 ms later %d (at most Burst), %d leased tokens expired unspent\n",
 		burst, next, s.TokensExpired)
 	// Output:
-	// burst 60, 700 ms later 99 (at most Burst), 11 leased tokens expired unspent
+	// burst 60, 700 ms later 100 (at most Burst), 6 leased tokens expired unspent
 }

@@ -10,7 +10,8 @@ import (
 	"github.com/leasehold/leasehold/remote"
 )
 
-// TestStrictLinesKeepBucketPlusHeld plays random grants, spends and
+// TestStrictLinesKeepBucketPlusHeld plays random grants (each with a
+// round trip: sent, run by the store, deposited), spends and
 // store-decided admissions of three processes on one token bucket, kept
 // as the store keeps it (a theoretical arrival time, ResetAfter rounded up
 // to the microsecond), with WithStrictWindows' rules: each grant's line
@@ -31,7 +32,8 @@ func TestStrictLinesKeepBucketPlusHeld(t *testing.T) {
 		worst, spent, offered := -math.MaxFloat64, int64(0), int64(0)
 		for seed := range 500 {
 			r := rand.New(rand.NewPCG(uint64(seed), 1))
-			var tat int64 // the bucket is full from tat on
+			var tat int64    // the bucket is full from tat on
+			var lastAt int64 // the store's last call: calls run in order
 			cells := make([]lease.Cell, 3)
 			now := int64(time.Second)
 			level := func(t int64) float64 { return float64(lim.Burst) - float64(max(tat-t, 0))/float64(step) }
@@ -42,16 +44,21 @@ func TestStrictLinesKeepBucketPlusHeld(t *testing.T) {
 				p := &cells[r.IntN(len(cells))]
 				switch r.IntN(3) {
 				case 0: // a grant of what the bucket holds, or less
-					L := int64(math.Floor(level(now)))
+					// Sent at start, run by the store at at, deposited
+					// at now: a round trip of up to 3 tokens' refill.
+					start := now - r.Int64N(3*step)
+					at := max(start+r.Int64N(now-start+1), lastAt)
+					lastAt = at
+					L := int64(math.Floor(level(at)))
 					if L < 1 {
 						continue
 					}
 					g := 1 + r.Int64N(L)
-					tat = max(tat, now) + g*step
-					ra := time.Duration(tat - now)
+					tat = max(tat, at) + g*step
+					ra := time.Duration(tat - at)
 					ra = (ra + time.Microsecond - 1).Truncate(time.Microsecond)
-					end := ls.lifetime(remote.Result{Granted: g, ResetAfter: ra}, mono(now))
-					p.AddDecaying(g, int64(end), now, step+1)
+					end := ls.lifetime(remote.Result{Granted: g, ResetAfter: ra}, mono(start))
+					p.AddDecaying(g, int64(end), now, step+1, r.Float64())
 					offered += g
 				case 1:
 					if ok, _, _ := p.TakeDecaying(1+r.Int64N(5), now); ok {
@@ -60,6 +67,7 @@ func TestStrictLinesKeepBucketPlusHeld(t *testing.T) {
 				case 2: // the store admits a request itself
 					if level(now) >= 1 {
 						tat = max(tat, now) + step
+						lastAt = now
 					}
 				}
 				sum := level(now)

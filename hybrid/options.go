@@ -145,17 +145,18 @@ func WithLeaseTTL(d time.Duration) Option { return optionFunc(func(c *config) { 
 // than given back (see leaser.lifetime for why that holds whoever holds
 // what). The tokens a call brings for the callers waiting on it are
 // theirs at once. A key below its limit has a near-full bucket, whose
-// leases decay about as soon as they are granted: a lease takes a spare
-// that outlasts the refill until the key's next decision, when this
-// process spends at least its share of the rate. The costs, measured: 4
-// limiters at half the limit of a 100/s key, 0.23–0.26 store calls per
-// decision against 0.47 without (TestKeySpreadBelowItsLimit); a key at
-// its limit, whose bucket is in deficit, keeps its leases; many processes
-// on one key lose part of their leases to the line (the simulator's
-// tiered worlds: 89–94% of the servable demand, against 95% and more
-// without); a leased key's Allow reads the clock (about 40 ns on the
-// machine measured); Close and eviction drop unspent tokens instead of
-// giving them back.
+// leases decay about as soon as they are granted, so most of its
+// decisions are store calls (4 limiters at half the limit of a 100/s key:
+// one per decision, against 0.47 without; TestKeySpreadBelowItsLimit);
+// but a process the fleet count says is alone takes a cold key's whole
+// level, whose decay is only the refill behind it (one process on 100 000
+// Zipf keys: close to the idle floor, the benchmarks' hybrid+strict rows).
+// A key at its limit, whose bucket is in deficit, keeps its leases; many
+// processes on one key lose part of their leases to the decay (the
+// simulator's tiered worlds: 91.6–94.2% of the servable demand, against
+// 95% and more without); a leased key's Allow reads the clock (about 40
+// ns on the machine measured); Close and eviction drop unspent tokens
+// instead of giving them back.
 // Sliding windows and several limits keep their own leases. The default
 // is false.
 func WithStrictWindows(on bool) Option { return optionFunc(func(c *config) { c.strict = on }) }

@@ -26,19 +26,12 @@ func TestKeySpreadBelowItsLimit(t *testing.T) {
 	for _, strict := range []bool{false, true} {
 		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
 			t.Parallel() // open-loop load: the two share the time, not the CPU
-			calls := spreadBelowLimit(t, newFleet(t, 4, runPolicy("spread", lim), standaloneDial, WithStrictWindows(strict)))
-			// A process spending an eighth of the rate takes a spare
-			// that outlasts the refill until its next decision (Rate/8
-			// tokens), so about one call in four decisions: measured
-			// 0.23–0.26 (1.00 without the spare), 0.47 by default.
-			if strict && calls > 0.4 {
-				t.Fatalf("%.2f store calls per decision under WithStrictWindows, want at most 0.4", calls)
-			}
+			spreadBelowLimit(t, newFleet(t, 4, runPolicy("spread", lim), standaloneDial, WithStrictWindows(strict)))
 		})
 	}
 }
 
-func spreadBelowLimit(t *testing.T, lims []*Limiter) (callsPerDecision float64) {
+func spreadBelowLimit(t *testing.T, lims []*Limiter) {
 	var offered, admitted int
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -69,7 +62,6 @@ func spreadBelowLimit(t *testing.T, lims []*Limiter) (callsPerDecision float64) 
 	if float64(admitted) < 0.98*float64(offered) {
 		t.Fatalf("admitted %d of %d on a key at half its limit, want all (at least 98%%)", admitted, offered)
 	}
-	return float64(s.StoreCalls) / float64(offered)
 }
 
 // TestEdgeOfLaterWindows: keys emptied by 1 to 8 limiters in turn, then
@@ -218,4 +210,40 @@ func TestStrictLeaseDecaysWithItsBucketsRefill(t *testing.T) {
 		t.Fatalf("%d tokens given back, want none (dropped: %d)", s.TokensReturned, s.TokensExpired)
 	}
 	t.Logf("held %d after the first leases, line ends in %v, %d left at its end; stats: %d store calls, %d expired", held, end, left, s.StoreCalls, l.Stats().TokensExpired)
+}
+
+// TestStrictLoneProcessTakesTheLevel: under WithStrictWindows a process
+// the fleet count says is alone leases a cold key's whole level, whose
+// decay is the refill behind it: a decision on the key half a refill
+// later is served from the lease. A process with company, or one whose
+// count is not yet trusted, takes no spare.
+func TestStrictLoneProcessTakesTheLevel(t *testing.T) {
+	lim := Limit{Rate: 10, Period: time.Second, Burst: 10}
+	for _, tc := range []struct {
+		name    string
+		opts    []Option
+		settle  bool  // let the heartbeats count the fleet twice
+		wantNew int64 // store calls for the second decision
+	}{
+		{"alone by heartbeats", nil, true, 0},
+		{"alone by WithFleetSize", []Option{WithFleetSize(1)}, false, 0},
+		{"count not trusted yet", nil, false, 1},
+		{"with company", []Option{WithFleetSize(2)}, true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newFakeWorld()
+			l := w.limiter(t, Policy{Name: "alone", Limit: lim}, append([]Option{WithStrictWindows(true), WithMaxReservation(0)}, tc.opts...)...)
+			if tc.settle {
+				w.clk.Advance(2*l.cfg.hbInterval + time.Millisecond)
+			}
+			ctx := context.Background()
+			require.True(t, l.Allow(ctx, "cold"))
+			calls := l.Stats().StoreCalls
+			w.clk.Advance(500 * time.Millisecond)
+			require.True(t, l.Allow(ctx, "cold"))
+			if got := l.Stats().StoreCalls - calls; got != tc.wantNew {
+				t.Fatalf("%d store calls for a decision 500 ms after the first, want %d (fleet count %d)", got, tc.wantNew, l.outage.count.Load())
+			}
+		})
+	}
 }

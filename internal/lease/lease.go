@@ -192,16 +192,19 @@ func (c *Cell) cap(cur, now int64) int64 {
 // concurrently.
 //
 // One line must hold the tokens still spendable and the new ones without
-// letting the cell hold more than the two lines would apart. With the
-// old line at height a and the new at b ≥ n, a line of height
-// min(a + n, b) does, spending the old tokens first: it is b while the
-// old line is above what the old tokens need, and a + n, a only lifted by
-// the new tokens, otherwise. (Carrying old tokens under the new line
-// alone would let them outlive the refill that bounds them: bucket plus
-// held tokens could then exceed the bucket's size.) When the old tokens
-// alone under the old line, or the new alone under theirs, offer more
-// token-time, the others are dropped instead.
-func (c *Cell) AddDecaying(n, end, now, step int64) (ok bool, dropped int64) {
+// letting the cell hold more than the two lines would apart. With eff old
+// tokens under a line of height a and the n new under one of height b, a
+// line of height min(a + n, b) does, counting the old tokens spent first:
+// it is b while the old line is above what the old tokens need, and a + n,
+// the old line only lifted by the new tokens, otherwise; counting the new
+// spent first, min(b + eff, a) does too. The cell takes the higher.
+// (Carrying old tokens under the new line alone would let them outlive
+// the refill that bounds them: bucket plus held tokens could then exceed
+// the bucket's size.) When the old tokens alone under the old line, or
+// the new alone under theirs, are worth more to an owner spending use
+// tokens per token the line falls (see worth), the others are dropped
+// instead; on a tie both are kept.
+func (c *Cell) AddDecaying(n, end, now, step int64, use float64) (ok bool, dropped int64) {
 	for {
 		cur := c.tokens.Load()
 		if cur < 0 {
@@ -213,10 +216,12 @@ func (c *Cell) AddDecaying(n, end, now, step int64) (ok bool, dropped int64) {
 		}
 		if eff > 0 {
 			old := c.expiry.Load()
-			lifted := min(old+min(n, math.MaxInt64/4/step)*step, end)
-			both, alone, kept := area(eff+n, lifted, now, step), area(n, end, now, step), area(eff, old, now, step)
+			// Either segment may be the one spent first: the line is
+			// the other's lifted by its tokens, at most the first's.
+			lifted := max(min(old+min(n, math.MaxInt64/4/step)*step, end), min(end+min(eff, math.MaxInt64/4/step)*step, old))
+			both, alone, kept := worth(eff+n, lifted, now, step, use), worth(n, end, now, step, use), worth(eff, old, now, step, use)
 			switch {
-			case both >= alone && both >= kept:
+			case both >= alone && both >= kept: // ties keep both
 				line = lifted
 			case kept > alone: // the new line is far below the old
 				line, add = old, 0
@@ -245,14 +250,11 @@ func (c *Cell) AddDecaying(n, end, now, step int64) (ok bool, dropped int64) {
 	}
 }
 
-// area is the token-time (tokens × steps) that t tokens under a line
-// ending at end offer from now if none is spent: the measure AddDecaying
-// keeps the most of.
-func area(t, end, now, step int64) float64 {
+// worth is how many of t tokens under a line ending at end the owner can
+// expect to spend from now, spending use tokens per token the line falls
+// (its demand over the bucket's rate, at most 1): all t if the line
+// stays above what is left, else the line's height at now times use.
+func worth(t, end, now, step int64, use float64) float64 {
 	h := float64(max(end-now, 0)) / float64(step)
-	tf := float64(t)
-	if h <= tf {
-		return h * h / 2
-	}
-	return tf*(h-tf) + tf*tf/2
+	return min(float64(t), h*min(max(use, 0), 1))
 }

@@ -7,43 +7,46 @@ import (
 )
 
 // TestAddDecayingTable: a decaying lease holds at most (end − now)/step
-// tokens at now; a grant added while tokens are spendable shares a line
-// with them (the old lifted by the new tokens, at most the new), or one
-// of the two is dropped, whichever leaves the most token-time; decayed
-// tokens are dropped by the take that finds them.
+// tokens at now; a grant added while tokens are spendable shares one line
+// with them (either's lifted by the other's tokens, at most the other's
+// line), or one of the two is dropped when it is worth more alone to an
+// owner spending use tokens per token the line falls; decayed tokens are
+// dropped by the take that finds them.
 func TestAddDecayingTable(t *testing.T) {
 	t.Parallel()
 	const step = 10
 	steps := []struct {
 		op          string
 		n, at, arg  int64 // tokens, now, end (add)
+		use         float64
 		wantOK      bool
 		wantLeft    int64
 		wantEnd     int64
 		wantDropped int64 // by the add, or decayed by the take
 	}{
-		{"add", 5, 0, 100, true, 5, 100, 0},   // line 10 at 0: all 5 live
-		{"take", 2, 50, 0, true, 3, 100, 0},   // line 5 at 50
-		{"take", 1, 80, 0, true, 1, 100, 1},   // line 2 at 80: 1 decayed
-		{"take", 1, 100, 0, false, 1, 100, 0}, // line 0 at 100
-		{"add", 4, 100, 300, true, 4, 300, 1}, // the decayed one dropped
+		{"add", 5, 0, 100, 1, true, 5, 100, 0},   // line 10 at 0: all 5 live
+		{"take", 2, 50, 0, 0, true, 3, 100, 0},   // line 5 at 50
+		{"take", 1, 80, 0, 0, true, 1, 100, 1},   // line 2 at 80: 1 decayed
+		{"take", 1, 100, 0, 0, false, 1, 100, 0}, // line 0 at 100
+		{"add", 4, 100, 300, 1, true, 4, 300, 1}, // the decayed one dropped
 		// Old line 15 high at 150, new 25: the old lifted by the 2 new,
-		// min(300 + 2·10, 400). Token-steps: 84 for both, 48 for the
-		// new alone.
-		{"add", 2, 150, 400, true, 6, 320, 0},
-		// A new line 4 high under an old 12 high: the old 6 alone (54)
-		// beat both under 240 (8) and the new alone (7.5).
-		{"add", 3, 200, 240, true, 6, 320, 3},
-		// The old line is 2 high at 300: the new 10 under 500 (150) beat
-		// both under 420 (72).
-		{"add", 10, 300, 500, true, 10, 500, 6},
-		{"take", 10, 380, 0, true, 0, 500, 0}, // line 12 at 380
-		{"add", 3, 400, 500, true, 3, 500, 0}, // an empty lease takes the new line
-		// Both under min(500 + 20, 600) (47.5) beat the new alone (38)
-		// and the old alone (25.5).
-		{"add", 2, 400, 600, true, 5, 520, 0},
-		{"take", 5, 470, 0, true, 0, 520, 0}, // line 5 at 470
-		{"take", 1, 520, 0, false, 0, 520, 0},
+		// min(300 + 2·10, 400).
+		{"add", 2, 150, 400, 1, true, 6, 320, 0},
+		// A new line 4 high under an old 12 high: the new lifted by the
+		// 6 old, min(240 + 6·10, 320).
+		{"add", 3, 200, 240, 1, true, 9, 300, 0},
+		{"take", 5, 250, 0, 0, true, 0, 300, 4},  // line 5 at 250: 4 decayed
+		{"add", 3, 260, 500, 1, true, 3, 500, 0}, // an empty lease takes the new line
+		{"add", 1, 270, 290, 1, true, 4, 320, 0}, // max(min(500 + 10, 290), min(290 + 30, 500))
+		// The old line 2 high at 300 holds 2 of 4: lifted by the 10 new.
+		{"add", 10, 300, 700, 1, true, 12, 420, 2},
+		{"take", 12, 300, 0, 0, true, 0, 420, 0},
+		{"take", 1, 420, 0, 0, false, 0, 420, 0},
+		{"add", 5, 430, 450, 1, true, 5, 450, 0},
+		// An owner spending a tenth of the line's fall: the new 5 alone
+		// under a line 46 high (worth 4.6) beat both under 500 (0.6);
+		// the old line held 1 of 5.
+		{"add", 5, 440, 900, 0.1, true, 5, 900, 5},
 	}
 	var c Cell
 	for i, s := range steps {
@@ -51,7 +54,7 @@ func TestAddDecayingTable(t *testing.T) {
 		var dropped int64
 		switch s.op {
 		case "add":
-			ok, dropped = c.AddDecaying(s.n, s.arg, s.at, step)
+			ok, dropped = c.AddDecaying(s.n, s.arg, s.at, step, s.use)
 		case "take":
 			ok, _, dropped = c.TakeDecaying(s.n, s.at)
 		}
@@ -61,7 +64,7 @@ func TestAddDecayingTable(t *testing.T) {
 		}
 	}
 	c.Close()
-	if ok, _ := c.AddDecaying(1, 1000, 500, step); ok {
+	if ok, _ := c.AddDecaying(1, 1000, 500, step, 1); ok {
 		t.Fatal("AddDecaying after Close = true, want false")
 	}
 }
@@ -93,7 +96,8 @@ func TestTakeDecayingKeepsToItsLines(t *testing.T) {
 		}
 	})
 	rng := rand.New(rand.NewPCG(3, 4))
-	for range 20000 {
+	// At least 20 000 writes, and on until the takers have taken some.
+	for i := 0; i < 20000 || (taken.Load() < 1000 && i < 1e7); i++ {
 		now := clock.Add(rng.Int64N(5))
 		if rng.IntN(3) == 0 {
 			gone.Add(c.DrainExpired(now))
@@ -101,7 +105,7 @@ func TestTakeDecayingKeepsToItsLines(t *testing.T) {
 		}
 		end := now + rng.Int64N(40)
 		maxEnd.Store(max(maxEnd.Load(), end))
-		if ok, d := c.AddDecaying(4, end, now, step); ok {
+		if ok, d := c.AddDecaying(4, end, now, step, rng.Float64()); ok {
 			added.Add(4)
 			gone.Add(d)
 		}
@@ -121,8 +125,65 @@ func TestTakeDecayingKeepsToItsLines(t *testing.T) {
 
 func TestTakeDecayingAllocatesNothing(t *testing.T) {
 	var c Cell
-	c.AddDecaying(1<<40, 1<<62, 0, 1)
+	c.AddDecaying(1<<40, 1<<62, 0, 1, 1)
 	if a := testing.AllocsPerRun(1000, func() { c.TakeDecaying(1, 1) }); a != 0 {
 		t.Fatalf("Cell.TakeDecaying allocates %v per call, want 0", a)
 	}
+}
+
+// TestAddDecayingWithinTwoLines: a cell that joined tokens under one line
+// (eff under a) with a grant under another (n under b) never holds more
+// than the two lines would apart, spent in one order fixed from the join
+// (the old first or the new first), whatever is taken and when.
+func TestAddDecayingWithinTwoLines(t *testing.T) {
+	t.Parallel()
+	const step = 10
+	rng := rand.New(rand.NewPCG(5, 6))
+	joined := 0
+	for run := range 20000 {
+		var c Cell
+		eff, a := 1+rng.Int64N(20), rng.Int64N(400)
+		c.AddDecaying(eff, a, 0, step, 1)
+		now := rng.Int64N(100)
+		n, b := 1+rng.Int64N(20), now+rng.Int64N(400)
+		c.AddDecaying(n, b, now, step, rng.Float64())
+		join := now
+		if c.Tokens() > n {
+			joined++
+		}
+		// The two lines apart, spent old first (0) or new first (1).
+		type seg struct{ x, end int64 }
+		ideal := [2][2]seg{{{eff, a}, {n, b}}, {{n, b}, {eff, a}}}
+		held := func(s *seg, at int64) int64 {
+			s.x = min(s.x, max(s.end-at, 0)/step) // decayed tokens are gone
+			return s.x
+		}
+		var over [2]bool
+		for range 20 {
+			now += rng.Int64N(30)
+			k := 1 + rng.Int64N(3)
+			ok, _, _ := c.TakeDecaying(k, now)
+			for o := range ideal {
+				s := &ideal[o]
+				if ok {
+					for i, left := 0, k; i < 2 && left > 0; i++ {
+						d := min(left, held(&s[i], now))
+						s[i].x -= d
+						left -= d
+					}
+				}
+				if c.Spendable(now) > held(&s[0], now)+held(&s[1], now) {
+					over[o] = true
+				}
+			}
+			if over[0] && over[1] {
+				t.Fatalf("run %d: eff %d under %d joined with %d under %d at %d: at %d the cell holds %d, more than either order allows",
+					run, eff, a, n, b, join, now, c.Spendable(now))
+			}
+		}
+	}
+	if joined == 0 {
+		t.Fatal("no join kept both: the test tested nothing")
+	}
+	t.Logf("%d of 20000 joins kept both", joined)
 }
