@@ -143,6 +143,21 @@ func overFromStart(adm []admission, lim Limit) int64 {
 	return worst
 }
 
+// halfEmptied empties half of key "k"'s bucket of 100 on l in one go,
+// then admits 20 more from leases taken from a level of 50, 500 ms from
+// full, and returns the key's entry.
+func halfEmptied(t *testing.T, l *Limiter) *entry {
+	t.Helper()
+	ctx := context.Background()
+	d, err := l.AllowN(ctx, "k", 50)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	for i := range 20 {
+		require.True(t, l.Allow(ctx, "k"), "Allow %d", i)
+	}
+	return l.keys.load("k")
+}
+
 // TestStrictLeaseDecaysWithItsBucketsRefill: under WithStrictWindows a
 // lease taken from a bucket in deficit holds its tokens while the bucket,
 // as the grant left it, refills to what it was, then loses a token per
@@ -154,15 +169,7 @@ func TestStrictLeaseDecaysWithItsBucketsRefill(t *testing.T) {
 	step := time.Duration(tokenStep(lim) + 1)
 	l := w.limiter(t, Policy{Name: "strict-life", Limit: lim}, WithStrictWindows(true), WithMaxReservation(0))
 	ctx := context.Background()
-	// Empty half the bucket in one go: the next leases come from a level
-	// of 50, 500 ms from full.
-	d, err := l.AllowN(ctx, "k", 50)
-	require.NoError(t, err)
-	require.True(t, d.Allowed)
-	for i := range 20 {
-		require.True(t, l.Allow(ctx, "k"), "Allow %d", i)
-	}
-	e := l.keys.load("k")
+	e := halfEmptied(t, l)
 	now := l.cfg.now()
 	held := e.live(now)
 	if held < 2 {
