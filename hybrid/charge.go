@@ -165,9 +165,7 @@ func (l *Limiter) takeUpTo(e *entry, n int64, now mono) int64 {
 		if k <= 0 {
 			return 0
 		}
-		ok, _, decayed := e.take(k, now)
-		l.stats.tokensExpired.Add(decayed)
-		if ok {
+		if ok, _ := e.take(k, now, &l.stats.tokensExpired); ok {
 			return k
 		}
 	}

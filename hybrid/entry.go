@@ -193,29 +193,35 @@ func newEntry(key string) *entry {
 
 // spend takes n tokens from the lease at now for one decision (see take)
 // and counts the admission; low reports that the lease fell below its
-// low-water mark. Small enough to inline, so a decision on a leased key
-// makes no call.
-func (e *entry) spend(n int64, now mono) (ok, low bool, left, decayed int64) {
-	if ok, left, decayed = e.take(n, now); ok {
+// low-water mark. Under the default it takes no lock and reads no clock.
+func (e *entry) spend(n int64, now mono, expired *atomic.Int64) (ok, low bool, left int64) {
+	if ok, left = e.take(n, now, expired); ok {
 		e.admits.Add(1)
 		low = left < e.lease.LowWater()
 	}
-	return ok, low, left, decayed
+	return ok, low, left
 }
 
 // take takes n tokens from the lease at now: a now of noExpiry takes
 // whatever its expiry, any other only what its line holds then (see
-// lease.Cell.TakeDecaying). decayed is the tokens found decayed unspent
-// and dropped, which the caller counts as expired.
-func (e *entry) take(n int64, now mono) (ok bool, left, decayed int64) {
+// takeDecaying).
+func (e *entry) take(n int64, now mono, expired *atomic.Int64) (ok bool, left int64) {
 	if now == noExpiry {
-		ok, left = e.lease.Take(n)
-		return ok, left, 0
+		return e.lease.Take(n)
 	}
-	if ok, left, decayed = e.lease.TakeDecaying(n, int64(now)); decayed > 0 {
+	return e.takeDecaying(n, now, expired)
+}
+
+// takeDecaying is take under WithStrictWindows (see
+// lease.Cell.TakeDecaying); the tokens it finds decayed unspent are
+// dropped and counted in expired.
+func (e *entry) takeDecaying(n int64, now mono, expired *atomic.Int64) (ok bool, left int64) {
+	ok, left, decayed := e.lease.TakeDecaying(n, int64(now))
+	if decayed > 0 {
 		e.inflow.Add(-decayed)
+		expired.Add(decayed)
 	}
-	return ok, left, decayed
+	return ok, left
 }
 
 func (a *answer) resetAfter(now mono) time.Duration {

@@ -51,10 +51,7 @@ type leaser struct {
 // its low-water mark. It is the hot path: e.spend inlines, and the refill
 // call runs about once per batch.
 func (ls *leaser) spend(e *entry, n int64, now mono) (ok bool, left int64) {
-	ok, low, left, decayed := e.spend(n, now)
-	if decayed > 0 {
-		ls.stats.tokensExpired.Add(decayed)
-	}
+	ok, low, left := e.spend(n, now, &ls.stats.tokensExpired)
 	if low {
 		ls.refillAsync(e)
 	}
