@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -85,18 +84,13 @@ func TestPartialPartitionThroughProxy(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	cutAt := time.Since(start)
 	proxies[0].Stop()
-	if _, err := proxies[1].Toxics.AddToxicJson(strings.NewReader(
-		`{"name": "silent", "type": "timeout", "stream": "downstream", "attributes": {"timeout": 0}}`)); err != nil {
-		t.Fatal(err)
-	}
+	silentLink(t, proxies[1], true)
 	time.Sleep(4 * time.Second)
 	healAt := time.Since(start)
 	if err := proxies[0].Start(); err != nil {
 		t.Fatal(err)
 	}
-	if err := proxies[1].Toxics.RemoveToxic(context.Background(), "silent"); err != nil {
-		t.Fatal(err)
-	}
+	silentLink(t, proxies[1], false)
 	time.Sleep(2 * time.Second)
 	stop.Store(true)
 	wg.Wait()

@@ -349,12 +349,12 @@ func TestRegionsThroughSilentParent(t *testing.T) {
 }
 
 // silentLink makes p drop every byte and keep its connections (on), or
-// mends it: a timeout toxic, so calls over it time out rather than fail.
+// mends it, so calls over it time out rather than fail.
 func silentLink(t *testing.T, p *toxiproxy.Proxy, on bool) {
 	var err error
 	if on {
 		_, err = p.Toxics.AddToxicJson(strings.NewReader(
-			`{"name": "silent", "type": "timeout", "stream": "downstream", "attributes": {"timeout": 0}}`))
+			`{"name": "silent", "type": "silence", "stream": "downstream"}`))
 	} else {
 		err = p.Toxics.RemoveToxic(context.Background(), "silent")
 	}
