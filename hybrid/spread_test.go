@@ -245,6 +245,9 @@ func TestStrictLoneProcessTakesTheLevel(t *testing.T) {
 			}
 			ctx := context.Background()
 			require.True(t, l.Allow(ctx, "cold"))
+			// The bucket a lone process empties is one no other draws:
+			// no spill mark to keep, so no rare state for the key.
+			require.Nil(t, l.keys.entries.load("cold").rare.Load(), "rare state of a key whose bucket one lease took")
 			calls := l.Stats().StoreCalls
 			w.clk.Advance(500 * time.Millisecond)
 			require.True(t, l.Allow(ctx, "cold"))
