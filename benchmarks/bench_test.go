@@ -39,15 +39,24 @@ func BenchmarkLimiters(b *testing.B) {
 		seq := w.sequence()
 		for _, par := range goroutines {
 			b.Run(benchName("hybrid", w, par), func(b *testing.B) {
-				benchHybrid(b, srv, w, keys, seq, par, nil)
+				benchHybrid(b, srv, w, keys, seq, par, hybridSetup{})
 			})
 			if w.zipf { // where store calls dominate: is pipelining them worth it?
 				b.Run(benchName("hybrid+autopipeline", w, par), func(b *testing.B) {
-					benchHybrid(b, srv, w, keys, seq, par, nil, remote.WithAutoPipeline(true))
+					benchHybrid(b, srv, w, keys, seq, par, hybridSetup{store: []remote.RedisOption{remote.WithAutoPipeline(true)}})
+				})
+				// One pipeline per short tick: the pipeliner waits 100 µs
+				// after each flush for more commands (go-redis's
+				// recommended MaxFlushDelay) rather than flushing at once.
+				b.Run(benchName("hybrid+autopipeline-tick", w, par), func(b *testing.B) {
+					benchHybrid(b, srv, w, keys, seq, par, hybridSetup{store: []remote.RedisOption{remote.WithAutoPipeline(true)},
+						client: func(o *redis.Options) {
+							o.AutoPipelineOptions = &redis.AutoPipelineOptions{MaxFlushDelay: 100 * time.Microsecond}
+						}})
 				})
 				// The bound in every window: what do cold keys pay for it?
 				b.Run(benchName("hybrid+strict", w, par), func(b *testing.B) {
-					benchHybrid(b, srv, w, keys, seq, par, []hybrid.Option{hybrid.WithStrictWindows(true)})
+					benchHybrid(b, srv, w, keys, seq, par, hybridSetup{limiter: []hybrid.Option{hybrid.WithStrictWindows(true)}})
 				})
 			}
 			b.Run(benchName("redis_rate", w, par), func(b *testing.B) {
@@ -62,8 +71,8 @@ func BenchmarkLimiters(b *testing.B) {
 
 // client returns a client of srv that counts its commands, with its pool
 // already open so that the pool's buffers are not charged to the keys.
-func client(b *testing.B, srv *redistest.Server) (*redis.Client, *counter) {
-	c := srv.Client(b, func(o *redis.Options) { o.PoolSize = 64 })
+func client(b *testing.B, srv *redistest.Server, opts ...func(*redis.Options)) (*redis.Client, *counter) {
+	c := srv.Client(b, append([]func(*redis.Options){func(o *redis.Options) { o.PoolSize = 64 }}, opts...)...)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for range 64 {
@@ -81,13 +90,25 @@ func client(b *testing.B, srv *redistest.Server) (*redis.Client, *counter) {
 	return c, calls
 }
 
-func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string, seq []int32, par int, hopts []hybrid.Option, opts ...remote.RedisOption) {
+// hybridSetup is how a hybrid row builds its limiter: options of the
+// limiter, of its RedisStore, and of its go-redis client (nil: none).
+type hybridSetup struct {
+	limiter []hybrid.Option
+	store   []remote.RedisOption
+	client  func(*redis.Options)
+}
+
+func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string, seq []int32, par int, s hybridSetup) {
 	ctx := context.Background()
-	c, calls := client(b, srv)
+	var copts []func(*redis.Options)
+	if s.client != nil {
+		copts = append(copts, s.client)
+	}
+	c, calls := client(b, srv, copts...)
 	// A fresh policy name per run: no run inherits another's buckets.
 	name := "bench-" + time.Now().Format("150405.000000")
-	lim, err := hybrid.New(remote.NewRedis(c, opts...), hybrid.Policy{Name: name, Limit: limit(w)},
-		append([]hybrid.Option{hybrid.WithLogger(slog.New(slog.DiscardHandler))}, hopts...)...)
+	lim, err := hybrid.New(remote.NewRedis(c, s.store...), hybrid.Policy{Name: name, Limit: limit(w)},
+		append([]hybrid.Option{hybrid.WithLogger(slog.New(slog.DiscardHandler))}, s.limiter...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
