@@ -82,7 +82,7 @@ func WithClusterReload(on bool) RedisOption {
 // are in flight than the pool has connections. A pipeliner that waits
 // after each flush to gather more (AutoPipelineOptions.MaxFlushDelay,
 // one pipeline per short tick) makes a lone call wait for the tick: with
-// 100 µs, 1.25–1.33 ms per decision at 1 goroutine against 95–118 µs
+// 100 µs, 1.03–1.33 ms per decision at 1 goroutine against 95–119 µs
 // flushing at once, within 10% of it at 16 and 256 goroutines
 // (impl=hybrid+autopipeline-tick).
 func WithAutoPipeline(on bool) RedisOption {
