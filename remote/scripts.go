@@ -231,7 +231,7 @@ if raw and string.sub(raw, 1, 2) == 'S ' then
   if not ver or #segs ~= tonumber(nparts) or #segs < 1 then
     return redis.error_reply('LEASEHOLD_CORRUPT bucket holds a value leasehold did not write')
   elseif string.sub(seg, 1, 1) == 'g' and #f == 6 then
-    raw = string.format('%.0f %.0f %.0f %s %.0f %.0f %.0f', f[1], f[2], f[3], ver, f[4], f[5], f[6])
+    raw = format('%d %d %d %s %d %d %d', f[1], f[2], f[3], ver, f[4], f[5], f[6])
   elseif string.sub(seg, 1, 1) == 'w' and #f >= 5 and f[3] and f[3] >= 1 and f[4] >= 1 and
       #f == 4 + cdiv(f[4], wsub) + cdiv(f[4], 10 * wsub) + 2 then
     local wrate, wper, base, wlast = f[3], f[4], f[1], math.max(now, f[2])
@@ -239,7 +239,7 @@ if raw and string.sub(raw, 1, 2) == 'S ' then
     local u = 0
     for i = 5, #f do if base + i - 5 >= lo then u = u + f[i] end end
     if u > wrate then u = wrate end
-    raw = string.format('%.0f 0 %.0f %s %.0f %.0f %.0f', wrate - u, wlast, ver, wrate, wrate, wper)
+    raw = format('%d 0 %d %s %d %d %d', wrate - u, wlast, ver, wrate, wrate, wper)
   else
     return redis.error_reply('LEASEHOLD_CORRUPT bucket holds a value leasehold did not write')
   end
@@ -395,12 +395,12 @@ local maxexp = now
 for _, g in ipairs(grants) do if g.exp > maxexp then maxexp = g.exp end end
 reset = reset + (maxexp - now)
 local ttl = math.floor(reset / 1000 + 0.5) + margin
-redis.call('SET', KEYS[1], string.format('%.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f',
+redis.call('SET', KEYS[1], format('%d %d %d %d %d %d %d %d %d %d',
   s.level, s.carry, s.last, s.version, s.burst, s.rate, s.per, s.born, s.spill, s.owed), 'PX', ttl)
 if #grants > 0 then
-  local parts = {string.format('%.0f', gfrac)}
+  local parts = {format('%d', gfrac)}
   for _, g in ipairs(grants) do
-    parts[#parts + 1] = string.format('%s %.0f %.0f %.0f %.0f', g.id, g.s, g.b, g.exp, g.w)
+    parts[#parts + 1] = format('%s %d %d %d %d', g.id, g.s, g.b, g.exp, g.w)
   end
   -- As long as the bucket: a refill after an expiry needs the record.
   redis.call('SET', KEYS[2], table.concat(parts, '|'), 'PX', ttl)
@@ -783,20 +783,20 @@ else
 end
 
 local remaining, reset = avail(parts[1]), 0
-local out = {string.format('S %.0f %d', sver, #parts)}
+local out = {format('S %d %d', sver, #parts)}
 for i = 1, #parts do
   local p = parts[i]
   local a, r = avail(p), 0
   if a < remaining then remaining = a end
   if p.window then
     r = wreset(p)
-    local seg = {string.format('w %.0f %.0f %.0f %.0f', p.base, p.last, p.rate, p.per)}
-    local cf = '%0' .. #string.format('%.0f', p.rate) .. '.0f'
-    for j = 1, p.m do seg[j + 1] = string.format(cf, p.c[j]) end
+    local seg = {format('w %d %d %d %d', p.base, p.last, p.rate, p.per)}
+    local cf = '%0' .. #format('%d', p.rate) .. 'd'
+    for j = 1, p.m do seg[j + 1] = format(cf, p.c[j]) end
     out[i + 1] = table.concat(seg, ' ')
   else
     r = gwait(p, p.level, p.burst)
-    out[i + 1] = string.format('g %.0f %.0f %.0f %.0f %.0f %.0f', p.level, p.carry, p.last, p.burst, p.rate, p.per)
+    out[i + 1] = format('g %d %d %d %d %d %d', p.level, p.carry, p.last, p.burst, p.rate, p.per)
   end
   if r > reset then reset = r end
 end

@@ -6,8 +6,25 @@ package lua
 // exact integer division on doubles. idiv is floor division with a
 // non-negative remainder, corrected for the rounding of the float
 // division; cdiv rounds up.
+//
+// format is string.format for records of whole numbers below 2^53,
+// written with %d (and %0Nd): Lua 5.1 casts a %d argument to C long, which
+// holds them exactly on every 64-bit Unix server and formats them in half
+// the time of %.0f (a bucket state's ten numbers: 1.6–1.8 µs against
+// 3.6–4.1 µs in a loop in Redis 7.0; a lease call's script, 10% faster).
+// Where long is narrower (32-bit servers, Windows
+// ports) the check below fails and format is format_f, which writes %.0f
+// instead: the same text (but "-0" for a negative zero), slower.
 const Prelude = `
 if redis.replicate_commands then pcall(redis.replicate_commands) end
+
+local function format_f(f, ...)
+  return string.format((string.gsub(f, '%%(0?%d*)d', '%%%1.0f')), ...)
+end
+local format = string.format
+if string.format('%d %d', 2^53 - 1, -2^53) ~= '9007199254740991 -9007199254740992' then
+  format = format_f
+end
 
 local function idiv(a, b)
   local q = math.floor(a / b)

@@ -136,7 +136,7 @@ elseif op ~= 'read' then
 end
 local out = {granted, claimed, now, since, ended}
 local vals = {}
-for _, name in ipairs(names) do out[#out + 1] = s[name]; vals[#vals + 1] = string.format('%.0f', s[name]) end
+for _, name in ipairs(names) do out[#out + 1] = s[name]; vals[#vals + 1] = format('%d', s[name]) end
 if op ~= 'read' then
   redis.call('SET', KEYS[1], 'P ' .. table.concat(vals, ' '), 'PX', ARGV[2])
 end
@@ -172,7 +172,7 @@ elseif op == 'weigh' then
 else
   return redis.error_reply('ERR leasehold region: unknown op ' .. tostring(op))
 end
-redis.call('SET', KEYS[1], string.format('R %.0f %.0f %.0f %.0f', s.world, s.own, s.claim, s.down), 'PX', ARGV[2])
+redis.call('SET', KEYS[1], format('R %d %d %d %d', s.world, s.own, s.claim, s.down), 'PX', ARGV[2])
 return {claimed, now, s.world, s.own, s.claim, s.down}
 `
 
