@@ -271,7 +271,9 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	// Not the caller's context: joined callers share this call. Close ends
 	// it; the refill timeout bounds it.
 	e.callSince.Store(start + 1)
-	res, err := ls.store.Lease(ls.calls.Context(), req)
+	call := ls.calls.Take()
+	res, err := ls.store.Lease(call.Context(), req)
+	call.Done()
 	e.callSince.Store(0)
 	if errors.Is(err, breaker.ErrOpen) {
 		return fetchOutcome{}, err // refused by the breaker: no call was made

@@ -16,15 +16,19 @@ import (
 type Deadlines struct {
 	parent   context.Context
 	d, slack time.Duration
-	cur      atomic.Pointer[shared]
+	cur      atomic.Pointer[Shared]
 }
 
-// shared is one context and until when it is handed out (nanoseconds
-// since base, monotonic).
-type shared struct {
+// Shared is a context lent to store calls; each call gives it back with
+// Done. Once it is no longer handed out and its last call is done it is
+// cancelled, which stops its deadline timer: a deadline that fires runs
+// in a goroutine of its own, and one context per slack reaching its
+// deadline was half the goroutines a cold Zipf benchmark started.
+type Shared struct {
 	ctx    context.Context
-	cancel context.CancelFunc // kept for vet; the deadline or parent ends it
-	until  int64
+	cancel context.CancelFunc
+	until  int64        // handed out until then (nanoseconds since base, monotonic)
+	users  atomic.Int64 // calls holding it, plus 1 while it is handed out
 }
 
 var base = time.Now()
@@ -35,15 +39,40 @@ func NewDeadlines(parent context.Context, d, slack time.Duration) *Deadlines {
 	return &Deadlines{parent: parent, d: d, slack: slack}
 }
 
-// Context returns a context that ends between d and d+slack from now, or
-// when the parent ends.
-func (s *Deadlines) Context() context.Context {
+// Take lends a context that ends between d and d+slack from now, or when
+// the parent ends; the caller gives it back with Done when its call
+// returns.
+func (s *Deadlines) Take() *Shared {
 	now := int64(time.Since(base))
-	if c := s.cur.Load(); c != nil && now < c.until {
-		return c.ctx
+	if c := s.cur.Load(); c != nil && now < c.until && c.join() {
+		return c
 	}
 	ctx, cancel := context.WithTimeout(s.parent, s.d+s.slack)
+	c := &Shared{ctx: ctx, cancel: cancel, until: now + int64(s.slack)}
+	c.users.Store(2) // handed out, and this call
 	// Two callers may both make one: each uses its own, the later stays.
-	s.cur.Store(&shared{ctx: ctx, cancel: cancel, until: now + int64(s.slack)})
-	return ctx
+	if old := s.cur.Swap(c); old != nil {
+		old.Done() // no longer handed out
+	}
+	return c
+}
+
+// join counts one more call on c unless c is already cancelled.
+func (c *Shared) join() bool {
+	for u := c.users.Load(); u > 0; u = c.users.Load() {
+		if c.users.CompareAndSwap(u, u+1) {
+			return true
+		}
+	}
+	return false
+}
+
+// Context is the lent context.
+func (c *Shared) Context() context.Context { return c.ctx }
+
+// Done gives c back.
+func (c *Shared) Done() {
+	if c.users.Add(-1) == 0 {
+		c.cancel()
+	}
 }

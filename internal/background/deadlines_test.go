@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/testkit/spawn"
 )
 
 // TestDeadlinesShareWithinSlack: contexts asked for within one slack are
@@ -14,8 +16,8 @@ func TestDeadlinesShareWithinSlack(t *testing.T) {
 	const d, slack = time.Hour, 50 * time.Millisecond
 	s := NewDeadlines(parent, d, slack)
 	start := time.Now()
-	a := s.Context()
-	b := s.Context()
+	ta, tb := s.Take(), s.Take()
+	a, b := ta.Context(), tb.Context()
 	if a != b {
 		t.Fatal("two contexts asked for at once are not shared")
 	}
@@ -26,7 +28,12 @@ func TestDeadlinesShareWithinSlack(t *testing.T) {
 	// Past the slack a new context, again at least d away.
 	deadline := time.Now().Add(5 * time.Second)
 	var c context.Context
-	for c = s.Context(); c == a; c = s.Context() {
+	for {
+		tc := s.Take()
+		if c = tc.Context(); c != a {
+			break
+		}
+		tc.Done()
 		if time.Now().After(deadline) {
 			t.Fatal("still the first context 5 s on")
 		}
@@ -48,7 +55,7 @@ func TestDeadlinesShareWithinSlack(t *testing.T) {
 // TestDeadlinesEnd: a shared context ends at its deadline.
 func TestDeadlinesEnd(t *testing.T) {
 	s := NewDeadlines(context.Background(), 10*time.Millisecond, time.Millisecond)
-	ctx := s.Context()
+	ctx := s.Take().Context()
 	select {
 	case <-ctx.Done():
 		if ctx.Err() != context.DeadlineExceeded {
@@ -56,5 +63,47 @@ func TestDeadlinesEnd(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("a shared context did not end at its deadline")
+	}
+}
+
+// TestDeadlinesCancelWhatIsGivenBack: a context no longer handed out
+// ends once its last call gives it back, not before, so its deadline
+// timer never fires: 200 contexts in turn start no goroutine.
+func TestDeadlinesCancelWhatIsGivenBack(t *testing.T) {
+	const d, slack = 20 * time.Millisecond, time.Millisecond
+	s := NewDeadlines(context.Background(), d, slack)
+	held := s.Take()
+	started := spawn.Count()
+	var given []context.Context
+	deadline := time.Now().Add(10 * time.Second)
+	for len(given) < 200 {
+		c := s.Take()
+		if n := len(given); n == 0 || given[n-1] != c.Context() {
+			given = append(given, c.Context())
+		}
+		c.Done()
+		if len(given) == 2 && held != nil { // held is no longer handed out
+			if err := held.Context().Err(); err != nil {
+				t.Fatalf("a context still held ended with %v when it stopped being handed out", err)
+			}
+			held.Done()
+			if err := held.Context().Err(); err != context.Canceled {
+				t.Fatalf("a context given back by its last call: %v, want cancelled", err)
+			}
+			held = nil
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d contexts in 10 s, want 200", len(given))
+		}
+	}
+	<-time.After(3 * d) // past every deadline: a timer left armed would have fired
+	for i, c := range given[:len(given)-1] {
+		if c.Err() != context.Canceled {
+			t.Fatalf("context %d of %d: %v, want cancelled when given back", i, len(given), c.Err())
+		}
+	}
+	// The one still handed out reaches its deadline: at most its goroutine.
+	if n := spawn.Count() - started; n > 2 {
+		t.Fatalf("%d goroutines started by 200 contexts given back, want none (but the last one's deadline)", n)
 	}
 }
