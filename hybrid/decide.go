@@ -223,6 +223,13 @@ func (l *Limiter) admit(e *entry, p *policyState, left int64, afterCall bool) De
 // arrive or that the bucket is corrupt, or this decision has had its store
 // rounds.
 func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono, round int) (Decision, bool, error) {
+	// Reserved tokens now due are the store's grant, whatever its state
+	// since: they are released as a decision finds them (see reservation).
+	if l.leaser.pace.catchUp(e, now) {
+		if ok, left := l.leaser.spend(e, n, l.cfg.spendAtNow(now)); ok {
+			return l.admit(e, p, left, false), true, nil
+		}
+	}
 	l.checkMode()
 	switch l.store.State() {
 	case gobreaker.StateOpen:
@@ -232,11 +239,6 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 		// down a moment ago.
 		l.leaser.refillAsync(e)
 		return l.outage.decide(e, p, n, now), true, nil
-	}
-	if l.leaser.pace.catchUp(e, now) {
-		if ok, left := l.leaser.spend(e, n, l.cfg.spendAtNow(now)); ok {
-			return l.admit(e, p, left, false), true, nil
-		}
 	}
 	until := e.readyFor(n, now)
 	// A cached refusal for as many tokens or fewer holds for n too; a

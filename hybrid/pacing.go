@@ -20,23 +20,23 @@ import (
 // admissions keep Burst + Rate·w in every window, however long the
 // horizon the grant covers. That is what lets a key at its limit be
 // granted a long horizon per store call (see request).
+//
+// Tokens are released when a decision finds them due (catchUp) or, for
+// what no decision took, when the grant ends: one timer per reservation,
+// at end. A timer per release ran in a goroutine of its own each time
+// (AfterFunc), nearly all the goroutines a cold Zipf benchmark started.
 type reservation struct {
 	n         int64       // tokens granted
 	delivered int64       // tokens deposited so far; under reservations.mu
 	end       mono        // when the last token becomes spendable
 	step      int64       // ns per token, rounded down
-	timer     clock.Timer // the next release; under reservations.mu
+	timer     clock.Timer // fires at end; under reservations.mu
 	until     mono        // the end of its tokens' line (leaser.lifetime)
 }
 
 // releaseLag keeps each release strictly after the store's µs-rounded
 // conformance time.
 const releaseLag = mono(time.Microsecond)
-
-// minRelease is the shortest interval between two releases of one
-// reservation: tokens due within it are released together, at the due time
-// of the last of them (late, never early).
-const minRelease = 2 * time.Millisecond
 
 // at returns when token i (1..n) becomes spendable.
 func (r *reservation) at(i int64) mono {
@@ -57,13 +57,6 @@ func (r *reservation) dueBy(now mono) int64 {
 	// at(i) <= now  <=>  (n−i)·step >= end − now + lag
 	k := int64(r.end-now+releaseLag+mono(r.step)-1) / r.step // tokens still ahead
 	return min(max(r.n-k, 0), r.n)
-}
-
-// nextRelease returns when the next release is due: the due time of the
-// last token of the next chunk.
-func (r *reservation) nextRelease() mono {
-	chunk := max(int64(minRelease)/max(r.step, 1), 1)
-	return r.at(min(r.delivered+chunk, r.n))
 }
 
 // tokenStep is the time the bucket takes per token under lim, rounded
@@ -192,9 +185,10 @@ func (pc *pacer) reserve(e *entry, lim Limit, n int64, delay time.Duration, now,
 	pc.armLocked(e, r, now)
 }
 
-// armLocked schedules r's next release; the reservations' mu is held.
+// armLocked schedules the release of what r still holds at its end; the
+// reservations' mu is held.
 func (pc *pacer) armLocked(e *entry, r *reservation, now mono) {
-	r.timer = pc.cfg.clk.AfterFunc(max(r.nextRelease().sub(now), 1), func() { pc.releaseDue(e, r) })
+	r.timer = pc.cfg.clk.AfterFunc(max(r.end.sub(now), 1), func() { pc.releaseDue(e, r) })
 }
 
 // releaseDue deposits r's tokens that are due and schedules the next

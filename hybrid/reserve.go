@@ -68,7 +68,11 @@ func (l *Limiter) ReserveN(ctx context.Context, key string, n int64) (*Reservati
 		return nil, err
 	}
 	r := &Reservation{l: l, key: key, tier: tier, n: n, at: l.cfg.clk.Now()}
-	if _, ok, _ := l.leased(key, n, l.cfg.spendAt()); ok {
+	e, ok, _ := l.leased(key, n, l.cfg.spendAt())
+	if !ok && e != nil && l.leaser.pace.catchUp(e, l.cfg.now()) {
+		ok, _ = l.leaser.spend(e, n, l.cfg.spendAt()) // reserved tokens now due
+	}
+	if ok {
 		r.ok = true
 		return r, nil
 	}
