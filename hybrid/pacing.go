@@ -226,9 +226,10 @@ func (pc *pacer) releaseDue(e *entry, r *reservation) {
 }
 
 // catchUp releases what pending reservations owe at now, ahead of their
-// timers, which may fire a little late: a caller told to come back at a
-// release's time finds the tokens. Each timer still runs and ends its
-// reservation. It reports whether it deposited anything.
+// timers: a caller told to come back at a release's time finds the
+// tokens. A reservation it delivers whole it ends, stopping its timer
+// (whose callback would run in a goroutine of its own), unless the timer
+// already fired. It reports whether it deposited anything.
 func (pc *pacer) catchUp(e *entry, now mono) bool {
 	r := e.rare.Load()
 	if r == nil {
@@ -241,20 +242,48 @@ func (pc *pacer) catchUp(e *entry, now mono) bool {
 	rs.mu.Lock()
 	var n int64
 	until := mono(math.MaxInt64)
+	var buf [2]*reservation
+	whole := buf[:0] // delivered whole now, their timers still armed
 	for _, x := range rs.list {
 		due := x.dueBy(now)
 		if due > x.delivered {
 			n += due - x.delivered
 			until = min(until, x.until) // the earliest lifetime of those released
+			if due >= x.n {
+				whole = append(whole, x)
+			}
 		}
 		x.delivered = max(due, x.delivered)
 	}
 	rs.publishLocked()
+	var tbuf [2]clock.Timer
+	timers := tbuf[:0]
+	for _, x := range whole {
+		timers = append(timers, x.timer) // read under mu, as cancel does
+	}
 	rs.mu.Unlock()
 	if n > 0 {
 		pc.into.deposit(e, n, until, now)
 	}
+	pc.end(rs, whole, timers)
 	return n > 0
+}
+
+// end ends the reservations delivered whole whose timers it stops: no
+// callback will run for them. A timer that fired already ends its own
+// (releaseDue finds it delivered). Stopped outside rs.mu, as cancel does:
+// a manual clock runs callbacks, which take rs.mu, under its own lock.
+func (pc *pacer) end(rs *reservations, whole []*reservation, timers []clock.Timer) {
+	for i, x := range whole {
+		if !timers[i].Stop() {
+			continue
+		}
+		rs.mu.Lock()
+		rs.removeLocked(x)
+		rs.publishLocked()
+		rs.mu.Unlock()
+		pc.bg.Exit()
+	}
 }
 
 // cancel cancels e's reservations and returns how many tokens they had
