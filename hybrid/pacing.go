@@ -191,9 +191,10 @@ func (pc *pacer) armLocked(e *entry, r *reservation, now mono) {
 	r.timer = pc.cfg.clk.AfterFunc(max(r.end.sub(now), 1), func() { pc.releaseDue(e, r) })
 }
 
-// releaseDue deposits r's tokens that are due and schedules the next
-// release, or, once r is delivered or was cancelled (Close, eviction,
-// policy change), ends the reservation's background work.
+// releaseDue, r's timer at its end, deposits what no decision took and
+// ends the reservation's background work; a timer that fired a little
+// before the end is armed again, and one of a cancelled reservation
+// (Close, eviction, policy change) only ends it.
 func (pc *pacer) releaseDue(e *entry, r *reservation) {
 	now := pc.cfg.now()
 	rs := &e.extra().pace
