@@ -225,10 +225,8 @@ func (l *Limiter) admit(e *entry, p *policyState, left int64, afterCall bool) De
 func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono, round int) (Decision, bool, error) {
 	// Reserved tokens now due are the store's grant, whatever its state
 	// since: they are released as a decision finds them (see reservation).
-	if l.leaser.pace.catchUp(e, now) {
-		if ok, left := l.leaser.spend(e, n, l.cfg.spendAtNow(now)); ok {
-			return l.admit(e, p, left, false), true, nil
-		}
+	if ok, left := l.leaser.spendDue(e, n, now); ok {
+		return l.admit(e, p, left, false), true, nil
 	}
 	l.checkMode()
 	switch l.store.State() {

@@ -287,6 +287,18 @@ func (pc *pacer) end(rs *reservations, whole []*reservation, timers []clock.Time
 	}
 }
 
+// spendDue spends n of e's tokens after releasing its reserved tokens
+// now due, for a decision the lease alone could not serve: every path that
+// spends a lease catches up first, the timers releasing only at a
+// reservation's end. It reports false, spending nothing, when nothing was
+// due or the lease still falls short.
+func (ls *leaser) spendDue(e *entry, n int64, now mono) (ok bool, left int64) {
+	if !ls.pace.catchUp(e, now) {
+		return false, 0
+	}
+	return ls.spend(e, n, ls.cfg.spendAtNow(now))
+}
+
 // cancel cancels e's reservations and returns how many tokens they had
 // not released.
 func (pc *pacer) cancel(e *entry) int64 {

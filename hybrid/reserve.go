@@ -69,8 +69,8 @@ func (l *Limiter) ReserveN(ctx context.Context, key string, n int64) (*Reservati
 	}
 	r := &Reservation{l: l, key: key, tier: tier, n: n, at: l.cfg.clk.Now()}
 	e, ok, _ := l.leased(key, n, l.cfg.spendAt())
-	if !ok && e != nil && l.leaser.pace.catchUp(e, l.cfg.now()) {
-		ok, _ = l.leaser.spend(e, n, l.cfg.spendAt()) // reserved tokens now due
+	if !ok && e != nil {
+		ok, _ = l.leaser.spendDue(e, n, l.cfg.now())
 	}
 	if ok {
 		r.ok = true
