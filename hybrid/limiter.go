@@ -256,6 +256,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 	l.settle.queue.Requeue(l.modes.cancelSettlement())
 	p := l.policy.load()
 	l.keys.each(func(e *entry) { l.release(p, e); l.grants.stopTimers(e) })
+	l.leaser.pace.stop() // its reservations are cancelled
 	l.bg.Wait()
 	// Grants go back at once, with Close's deadline; a renewal that ended
 	// after the first pass may have installed one.

@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"container/heap"
 	"github.com/leasehold/leasehold/internal/background"
 	"math"
 	"slices"
@@ -22,16 +23,16 @@ import (
 // granted a long horizon per store call (see request).
 //
 // Tokens are released when a decision finds them due (catchUp) or, for
-// what no decision took, when the grant ends: one timer per reservation,
-// at end. A timer per release ran in a goroutine of its own each time
-// (AfterFunc), nearly all the goroutines a cold Zipf benchmark started.
+// what no decision took, after the grant ends, by one timer per limiter
+// (see pacer). A timer per reservation, or per release, ran in a
+// goroutine of its own each time (AfterFunc): nearly all the goroutines a
+// cold Zipf benchmark started.
 type reservation struct {
-	n         int64       // tokens granted
-	delivered int64       // tokens deposited so far; under reservations.mu
-	end       mono        // when the last token becomes spendable
-	step      int64       // ns per token, rounded down
-	timer     clock.Timer // fires at end; under reservations.mu
-	until     mono        // the end of its tokens' line (leaser.lifetime)
+	n         int64 // tokens granted
+	delivered int64 // tokens deposited so far; under reservations.mu
+	end       mono  // when the last token becomes spendable
+	step      int64 // ns per token, rounded down
+	until     mono  // the end of its tokens' line (leaser.lifetime)
 }
 
 // releaseLag keeps each release strictly after the store's µs-rounded
@@ -101,9 +102,6 @@ func (rs *reservations) publishLocked() {
 	var next mono
 	var n int64
 	for _, r := range rs.list {
-		if r.delivered >= r.n {
-			continue // delivered ahead of its timer (catchUp); the timer ends it
-		}
 		if at := r.at(r.delivered + 1); next == 0 || at < next {
 			next = at
 		}
@@ -154,15 +152,52 @@ type depositor interface {
 	giveBack(e *entry, n int64)
 }
 
-// pacer releases future-dated grants into leases at the bucket's pace,
-// one timer per reservation on the limiter's clock. Each pending
-// reservation holds one unit of the background's work, so Close waits
-// for its timer or cancels it.
+// pacer releases future-dated grants into leases at the bucket's pace.
+// Decisions release what they find due (catchUp); what no decision took
+// is released once its reservation has ended, by one timer for every
+// key, armed at the earliest end but at most once per paceTick. Each
+// pending reservation holds one unit of the background's work, ended by
+// whoever takes it off its key's list (its release, a decision that took
+// it whole, or cancel), so Close waits for none of them to fire.
 type pacer struct {
 	cfg   *config
 	bg    *background.Group
 	stats *counters
 	into  depositor
+
+	mu      sync.Mutex
+	ends    endQueue    // reservations by end; some already taken off their list
+	timer   clock.Timer // armed for ends[0]; nil when none is
+	armed   mono        // when timer fires
+	fired   mono        // when it last fired
+	stopped bool        // by Close
+}
+
+// paceTick is the least time between two runs of the pacer's timer. What
+// it releases only ever waits for a decision's catchUp, which takes due
+// tokens itself, so being this late changes no decision; it bounds the
+// goroutines the timer starts (each run is one) to 100 a second.
+const paceTick = 10 * time.Millisecond
+
+// pending is a reservation waiting for its end, with its key's entry.
+type pending struct {
+	e *entry
+	r *reservation
+}
+
+// endQueue is a min-heap of pending reservations by end.
+type endQueue []pending
+
+func (q endQueue) Len() int           { return len(q) }
+func (q endQueue) Less(i, j int) bool { return q[i].r.end < q[j].r.end }
+func (q endQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *endQueue) Push(x any)        { *q = append(*q, x.(pending)) }
+func (q *endQueue) Pop() any {
+	old := *q
+	x := old[len(old)-1]
+	old[len(old)-1] = pending{}
+	*q = old[:len(old)-1]
+	return x
 }
 
 // reserve holds a future-dated grant of n tokens of e under lim, whole at
@@ -178,59 +213,129 @@ func (pc *pacer) reserve(e *entry, lim Limit, n int64, delay time.Duration, now,
 	r := &reservation{n: n, end: now.add(delay), step: tokenStep(lim), until: until}
 	rs := &e.extra().pace
 	rs.mu.Lock()
-	defer rs.mu.Unlock()
 	rs.addLocked(r)
-	// Scheduled under rs.mu: the callback takes rs.mu, so it cannot run
-	// before r.timer is set (the delay is > 0, so it never runs inline).
-	pc.armLocked(e, r, now)
+	rs.mu.Unlock()
+	pc.wait(pending{e, r}, now)
 }
 
-// armLocked schedules the release of what r still holds at its end; the
-// reservations' mu is held.
-func (pc *pacer) armLocked(e *entry, r *reservation, now mono) {
-	r.timer = pc.cfg.clk.AfterFunc(max(r.end.sub(now), 1), func() { pc.releaseDue(e, r) })
+// wait queues p for the timer, arming it earlier if p ends first; after
+// stop it cancels p.
+func (pc *pacer) wait(p pending, now mono) {
+	pc.mu.Lock()
+	if pc.stopped {
+		pc.mu.Unlock()
+		pc.drop(p)
+		return
+	}
+	defer pc.mu.Unlock()
+	heap.Push(&pc.ends, p)
+	if pc.timer == nil || p.r.end < pc.armed && pc.armed > pc.fired+mono(paceTick) {
+		pc.armLocked(now)
+	}
 }
 
-// releaseDue, r's timer at its end, deposits what no decision took and
-// ends the reservation's background work; a timer that fired a little
-// before the end is armed again, and one of a cancelled reservation
-// (Close, eviction, policy change) only ends it.
-func (pc *pacer) releaseDue(e *entry, r *reservation) {
+// armLocked arms the timer for the earliest end, no sooner than paceTick
+// after it last fired; pc.mu is held. A manual clock runs a due callback
+// inside Advance, never inside AfterFunc, so it cannot run under pc.mu.
+func (pc *pacer) armLocked(now mono) {
+	if pc.timer != nil && !pc.timer.Stop() {
+		return // firing now: it arms again when done
+	}
+	pc.timer = nil
+	if len(pc.ends) == 0 {
+		return
+	}
+	at := max(pc.ends[0].r.end, pc.fired+mono(paceTick), now+1)
+	if t := pc.bg.After(at.sub(now), pc.fire); t != nil {
+		pc.timer, pc.armed = t, at
+	}
+}
+
+// fire releases what the reservations that have ended still hold, and
+// arms the timer for the next end.
+func (pc *pacer) fire() {
 	now := pc.cfg.now()
+	pc.mu.Lock()
+	pc.timer, pc.fired = nil, now
+	var buf [16]pending
+	due := buf[:0]
+	for len(pc.ends) > 0 && pc.ends[0].r.end <= now {
+		due = append(due, heap.Pop(&pc.ends).(pending))
+	}
+	pc.mu.Unlock()
+	for _, p := range due {
+		pc.releaseDue(p.e, p.r, now)
+	}
+	pc.mu.Lock()
+	if pc.timer == nil && !pc.stopped {
+		pc.armLocked(pc.cfg.now())
+	}
+	pc.mu.Unlock()
+}
+
+// stop stops the timer and cancels what is still queued (Close, after
+// cancelling every key's reservations: a flight that ended meanwhile may
+// have queued more).
+func (pc *pacer) stop() {
+	pc.mu.Lock()
+	pc.stopped = true
+	if pc.timer != nil && pc.timer.Stop() {
+		pc.timer = nil
+	}
+	ends := pc.ends
+	pc.ends = nil
+	pc.mu.Unlock()
+	for _, p := range ends {
+		pc.drop(p)
+	}
+}
+
+// drop cancels p's reservation, if still on its key's list, giving back
+// what it had not released.
+func (pc *pacer) drop(p pending) {
+	rs := &p.e.extra().pace
+	rs.mu.Lock()
+	listed := rs.hasLocked(p.r)
+	if listed {
+		rs.removeLocked(p.r)
+		rs.publishLocked()
+	}
+	rs.mu.Unlock()
+	if listed {
+		pc.into.giveBack(p.e, p.r.n-p.r.delivered)
+		pc.bg.Exit()
+	}
+}
+
+// releaseDue deposits what r, ended by now, still holds and ends it,
+// unless it was taken off its key's list already (delivered whole, or
+// cancelled: whoever took it off ended it).
+func (pc *pacer) releaseDue(e *entry, r *reservation, now mono) {
 	rs := &e.extra().pace
 	rs.mu.Lock()
 	if !rs.hasLocked(r) {
 		rs.mu.Unlock()
-		pc.bg.Exit() // cancelled: cancel returned what was not delivered
 		return
 	}
 	// Never below delivered: catchUp may have delivered with a later now
-	// than this callback read before taking the lock, and going back would
-	// deliver those tokens twice.
+	// than this callback read, and going back would deliver those tokens
+	// twice. now is past r's end, so this delivers it whole.
 	due := max(r.dueBy(now), r.delivered)
 	n := due - r.delivered
 	r.delivered = due
-	done := due >= r.n
-	if done {
-		rs.removeLocked(r)
-	} else {
-		pc.armLocked(e, r, now)
-	}
+	rs.removeLocked(r)
 	rs.publishLocked()
 	rs.mu.Unlock()
 	if n > 0 {
 		pc.into.deposit(e, n, r.until, now)
 	}
-	if done {
-		pc.bg.Exit()
-	}
+	pc.bg.Exit()
 }
 
-// catchUp releases what pending reservations owe at now, ahead of their
-// timers: a caller told to come back at a release's time finds the
-// tokens. A reservation it delivers whole it ends, stopping its timer
-// (whose callback would run in a goroutine of its own), unless the timer
-// already fired. It reports whether it deposited anything.
+// catchUp releases what pending reservations owe at now, ahead of the
+// timer: a caller told to come back at a release's time finds the
+// tokens. A reservation it delivers whole it ends. It reports whether it
+// deposited anything.
 func (pc *pacer) catchUp(e *entry, now mono) bool {
 	r := e.rare.Load()
 	if r == nil {
@@ -241,56 +346,36 @@ func (pc *pacer) catchUp(e *entry, now mono) bool {
 	}
 	rs := &r.pace
 	rs.mu.Lock()
-	var n int64
+	var n, ended int64
 	until := mono(math.MaxInt64)
-	var buf [2]*reservation
-	whole := buf[:0] // delivered whole now, their timers still armed
-	for _, x := range rs.list {
+	rs.list = slices.DeleteFunc(rs.list, func(x *reservation) bool {
 		due := x.dueBy(now)
 		if due > x.delivered {
 			n += due - x.delivered
 			until = min(until, x.until) // the earliest lifetime of those released
-			if due >= x.n {
-				whole = append(whole, x)
-			}
+			x.delivered = due
 		}
-		x.delivered = max(due, x.delivered)
-	}
+		if x.delivered >= x.n {
+			ended++
+			return true
+		}
+		return false
+	})
 	rs.publishLocked()
-	var tbuf [2]clock.Timer
-	timers := tbuf[:0]
-	for _, x := range whole {
-		timers = append(timers, x.timer) // read under mu, as cancel does
-	}
 	rs.mu.Unlock()
 	if n > 0 {
 		pc.into.deposit(e, n, until, now)
 	}
-	pc.end(rs, whole, timers)
-	return n > 0
-}
-
-// end ends the reservations delivered whole whose timers it stops: no
-// callback will run for them. A timer that fired already ends its own
-// (releaseDue finds it delivered). Stopped outside rs.mu, as cancel does:
-// a manual clock runs callbacks, which take rs.mu, under its own lock.
-func (pc *pacer) end(rs *reservations, whole []*reservation, timers []clock.Timer) {
-	for i, x := range whole {
-		if !timers[i].Stop() {
-			continue
-		}
-		rs.mu.Lock()
-		rs.removeLocked(x)
-		rs.publishLocked()
-		rs.mu.Unlock()
+	for range ended {
 		pc.bg.Exit()
 	}
+	return n > 0
 }
 
 // spendDue spends n of e's tokens after releasing its reserved tokens
 // now due, for a decision the lease alone could not serve: every path that
-// spends a lease catches up first, the timers releasing only at a
-// reservation's end. It reports false, spending nothing, when nothing was
+// spends a lease catches up first, the pacer's timer releasing only after
+// a reservation's end. It reports false, spending nothing, when nothing was
 // due or the lease still falls short.
 func (ls *leaser) spendDue(e *entry, n int64, now mono) (ok bool, left int64) {
 	if !ls.pace.catchUp(e, now) {
@@ -300,7 +385,7 @@ func (ls *leaser) spendDue(e *entry, n int64, now mono) (ok bool, left int64) {
 }
 
 // cancel cancels e's reservations and returns how many tokens they had
-// not released.
+// not released. The timer finds them gone.
 func (pc *pacer) cancel(e *entry) int64 {
 	r := e.rare.Load()
 	if r == nil {
@@ -311,17 +396,11 @@ func (pc *pacer) cancel(e *entry) int64 {
 	list := rs.list
 	rs.list = nil
 	rs.publishLocked()
-	timers := make([]clock.Timer, len(list))
-	for i, x := range list {
-		timers[i] = x.timer // read under mu: a firing callback re-arms it
-	}
 	rs.mu.Unlock()
 	var n int64
-	for i, x := range list {
+	for _, x := range list {
 		n += x.n - x.delivered
-		if timers[i].Stop() {
-			pc.bg.Exit() // no callback will run; a running one finds r gone and exits
-		}
+		pc.bg.Exit()
 	}
 	return n
 }
