@@ -41,6 +41,9 @@ func (f *flight) fly() {
 		f.ls.bg.Exit()
 	}
 	f.ls.flights.finish(f.e.key, f, out, err)
+	if f.need == 0 {
+		f.e.refilling.Store(false) // a background refill (leaser.refillAsync)
+	}
 }
 
 // flightTable is the flights under way, by user key.

@@ -100,3 +100,36 @@ func TestIdleWorkersEnd(t *testing.T) {
 	require.True(t, l.Allow(ctx, "after"))
 	require.Equal(t, int32(1), ws.n.Load(), "a worker for the next cold decision")
 }
+
+// TestRefillsStartNoGoroutine: a background refill at the low-water mark
+// flies on the workers, as a caller's flight does; run as a clock
+// callback it started a goroutine per refill.
+func TestRefillsStartNoGoroutine(t *testing.T) {
+	lim := Limit{Rate: 1e9, Period: time.Second, Burst: 1e10}
+	// Leases of 1 ms of demand: hundreds of refills a second.
+	l, err := New(remote.NewRedis(standaloneDial(t)), runPolicy("refills", lim), quiet,
+		WithStoreTimeout(time.Minute), WithRefillHorizon(time.Millisecond))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	admitted, decided := 0, 0
+	run := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			for range 100 {
+				if l.Allow(ctx, "busy") {
+					admitted++
+				}
+				decided++
+			}
+		}
+	}
+	run(200 * time.Millisecond) // warm-up: a worker starts
+	before, s0 := spawn.Count(), l.Stats()
+	run(time.Second)
+	created, calls := spawn.Count()-before, l.Stats().StoreCalls-s0.StoreCalls
+	t.Logf("%d of %d admitted; %d store calls started %d goroutines", admitted, decided, calls, created)
+	require.Greater(t, calls, int64(20), "the lease is refilled in the background")
+	// The limiter's tickers (sweep, heartbeat, policy reads) run a few
+	// callbacks a second, each in a goroutine.
+	require.LessOrEqual(t, created, uint64(calls)/10+20, "%d store calls started %d goroutines", calls, created)
+}

@@ -144,9 +144,22 @@ func (ls *leaser) alone(now mono) bool {
 
 // refillAsync starts a background refill of e unless one is running or
 // reservations still hold more than the low-water mark. It runs about once
-// per batch, not per request.
+// per batch, not per request. On the real clock the refill flies on the
+// workers, as a caller's flight does (a callback of the clock ran each in
+// a goroutine of its own); on another clock (clock.Manual, the
+// simulator's) it runs as the clock's callback, inside Advance, where a
+// run is deterministic.
 func (ls *leaser) refillAsync(e *entry) {
 	if e.reserved() > e.lease.LowWater() || e.refilling.Load() || ls.outage.held(ls.cfg.now()) || !e.refilling.CompareAndSwap(false, true) {
+		return
+	}
+	if ls.cfg.clk == clock.Real() {
+		f, lead := ls.flights.join(ls, e, 0)
+		if !lead {
+			e.refilling.Store(false) // the flight under way refills
+			return
+		}
+		ls.workers.run(f) // the flight clears refilling as it lands
 		return
 	}
 	if ls.bg.After(0, func() {
@@ -334,8 +347,12 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 // grant keeps the bound in every window however large, so a key at its
 // limit costs about 2·N store calls per maximum reservation, not one per
 // maximum lease; half leaves room in the reservation horizon for every
-// process's next grant. 0 when the key is not contended, reservations are
-// off, or the store is not known healthy.
+// process's next grant. A process alone takes four fifths: its own next
+// grant, asked for at the low-water mark (a quarter left), still fits
+// (measured: 1 process on 100 000 Zipf keys at 10/s, 1 goroutine, 72–74
+// store calls per 1 000 decisions above the idle floor against 79–80 with
+// half). 0 when the key is not contended, reservations are off, or the
+// store is not known healthy.
 func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
 	if ls.cfg.maxDelay <= 0 || p.shaped || ls.store.State() != gobreaker.StateClosed || ls.outage.held(ls.cfg.now()) || e.grantMode() {
 		// A probe of a store that was down gets a plain lease: a long
@@ -345,6 +362,9 @@ func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
 	}
 	if level := e.answer.level.Load(); e.reserved() == 0 && (level < 0 || level >= p.tier(e).maxLease) {
 		return 0
+	}
+	if ls.alone(ls.cfg.now()) {
+		return p.tier(e).limits[0].TokensIn(ls.cfg.maxDelay * 4 / 5)
 	}
 	n := int64(max(ls.outage.size(), 1))
 	return p.tier(e).limits[0].TokensIn(ls.cfg.maxDelay/2) / n

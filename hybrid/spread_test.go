@@ -257,3 +257,37 @@ func TestStrictLoneProcessTakesTheLevel(t *testing.T) {
 		})
 	}
 }
+
+// TestLoneProcessReservesFourFifths: a key at its limit is granted paced
+// future-dated tokens, this process's share of half the maximum
+// reservation; a process alone takes four fifths of it, whose next grant,
+// asked for when a quarter is left, still fits the horizon: fewer store
+// calls per token at the limit.
+func TestLoneProcessReservesFourFifths(t *testing.T) {
+	lim := Limit{Rate: 10, Period: time.Second, Burst: 10} // 100 ms a token
+	for _, tc := range []struct {
+		name  string
+		fleet int
+		want  int64 // tokens of the first reservation, at the 500 ms default
+	}{
+		{"alone", 1, 4}, // 400 ms (250 ms before: 2)
+		// 250 ms / 2 is 1 token: the lease's own size (a token and a
+		// spare) is more.
+		{"one of 2", 2, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newFakeWorld()
+			l := w.limiter(t, Policy{Name: "share", Limit: lim}, WithFleetSize(tc.fleet))
+			ctx := context.Background()
+			for range 40 {
+				if l.Stats().TokensReserved > 0 {
+					break
+				}
+				l.Allow(ctx, "hot")
+			}
+			if got := l.Stats().TokensReserved; got != tc.want {
+				t.Fatalf("first reservation %d tokens, want %d", got, tc.want)
+			}
+		})
+	}
+}
