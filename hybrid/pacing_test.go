@@ -15,18 +15,24 @@ type countingDepositor struct{ deposited, given int64 }
 func (c *countingDepositor) deposit(_ *entry, n int64, _, _ mono) { c.deposited += n }
 func (c *countingDepositor) giveBack(_ *entry, n int64)           { c.given += n }
 
+// newTestPacer returns a pacer on a manual clock that counts what it
+// deposits and gives back.
+func newTestPacer() (*clock.Manual, *config, *background.Group, *countingDepositor, *pacer) {
+	clk := clock.NewManual(t0)
+	cfg := &config{clk: clk, epoch: t0}
+	bg := background.New(clk)
+	stats := newCounters()
+	into := &countingDepositor{}
+	return clk, cfg, bg, into, &pacer{cfg: cfg, bg: bg, stats: &stats, into: into}
+}
+
 // TestPacerNeverDeliversTwice: a release timer that read the clock before
 // catchUp delivered with a later time must not move delivered back (the
 // tokens would be deposited twice: under load this admitted over the
 // exact bound).
 func TestPacerNeverDeliversTwice(t *testing.T) {
-	clk := clock.NewManual(t0)
-	cfg := &config{clk: clk, epoch: t0}
-	bg := background.New(clk)
+	clk, cfg, bg, into, pc := newTestPacer()
 	defer func() { bg.Close(); bg.Wait() }()
-	stats := newCounters()
-	into := &countingDepositor{}
-	pc := pacer{cfg: cfg, bg: bg, stats: &stats, into: into}
 	e := newEntry("k")
 	lim := Limit{Rate: 20, Period: time.Second, Burst: 20} // 50 ms a token
 	pc.reserve(e, lim, 10, 500*time.Millisecond, cfg.now(), cfg.now()+mono(time.Second))
@@ -49,12 +55,7 @@ func TestPacerNeverDeliversTwice(t *testing.T) {
 // whole ends at once, so the timer finds nothing of it to release; one
 // they took in part is still released whole after its end.
 func TestPacerEndsWhatCatchUpDelivers(t *testing.T) {
-	clk := clock.NewManual(t0)
-	cfg := &config{clk: clk, epoch: t0}
-	bg := background.New(clk)
-	stats := newCounters()
-	into := &countingDepositor{}
-	pc := pacer{cfg: cfg, bg: bg, stats: &stats, into: into}
+	clk, cfg, bg, into, pc := newTestPacer()
 	lim := Limit{Rate: 20, Period: time.Second, Burst: 20} // 50 ms a token
 	whole, part := newEntry("whole"), newEntry("part")
 	pc.reserve(whole, lim, 10, 500*time.Millisecond, cfg.now(), cfg.now()+mono(time.Second))
@@ -87,12 +88,7 @@ func TestPacerEndsWhatCatchUpDelivers(t *testing.T) {
 // decision took once each has ended, never before its end and at most
 // paceTick after it.
 func TestPacerOneTimerForManyEnds(t *testing.T) {
-	clk := clock.NewManual(t0)
-	cfg := &config{clk: clk, epoch: t0}
-	bg := background.New(clk)
-	stats := newCounters()
-	into := &countingDepositor{}
-	pc := pacer{cfg: cfg, bg: bg, stats: &stats, into: into}
+	clk, cfg, bg, into, pc := newTestPacer()
 	lim := Limit{Rate: 20, Period: time.Second, Burst: 20} // 50 ms a token
 	const keys = 50
 	for i := range keys {
@@ -135,12 +131,7 @@ func TestPacerOneTimerForManyEnds(t *testing.T) {
 // reservations were cancelled, one queued after stop) had not released,
 // so waiting for the background ends at once.
 func TestPacerStopCancelsQueued(t *testing.T) {
-	clk := clock.NewManual(t0)
-	cfg := &config{clk: clk, epoch: t0}
-	bg := background.New(clk)
-	stats := newCounters()
-	into := &countingDepositor{}
-	pc := pacer{cfg: cfg, bg: bg, stats: &stats, into: into}
+	clk, cfg, bg, into, pc := newTestPacer()
 	lim := Limit{Rate: 20, Period: time.Second, Burst: 20}
 	pc.reserve(newEntry("queued"), lim, 10, 500*time.Millisecond, cfg.now(), cfg.now()+mono(time.Second))
 	// A flight that entered the background before Close queues its
