@@ -127,6 +127,12 @@ func (w *workers) run(f *flight) {
 			go w.loop(f)
 			return
 		}
+		// Closing: the flight ends at once (ErrClosed), here rather
+		// than in a goroutine Close would not wait for.
+		w.n.Add(-1)
+		f.fly()
+		w.busy.Add(-1)
+		return
 	}
 	w.n.Add(-1)
 	go func() {

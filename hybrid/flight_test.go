@@ -101,6 +101,28 @@ func TestIdleWorkersEnd(t *testing.T) {
 	require.Equal(t, int32(1), ws.n.Load(), "a worker for the next cold decision")
 }
 
+// TestFlightAfterCloseEndsInline: a flight handed to the workers once
+// Close has begun (a refill a leased decision started meanwhile) ends at
+// once with ErrClosed, in the caller, not in a goroutine Close would not
+// wait for.
+func TestFlightAfterCloseEndsInline(t *testing.T) {
+	w := newFakeWorld()
+	l := w.limiter(t, Policy{Name: "closing", Limit: Limit{Rate: 10, Period: time.Second, Burst: 10}})
+	require.NoError(t, l.Close(context.Background()))
+	f, lead := l.leaser.flights.join(&l.leaser, newEntry("k"), 0)
+	require.True(t, lead)
+	before := spawn.Count()
+	l.leaser.workers.run(f)
+	select {
+	case <-f.done:
+	default:
+		t.Fatal("a flight handed over after Close is still under way")
+	}
+	require.ErrorIs(t, f.err, ErrClosed)
+	require.Equal(t, uint64(0), spawn.Count()-before, "goroutines started")
+	require.Equal(t, int32(0), l.leaser.workers.busy.Load())
+}
+
 // TestRefillsStartNoGoroutine: a background refill at the low-water mark
 // flies on the workers, as a caller's flight does; run as a clock
 // callback it started a goroutine per refill.
