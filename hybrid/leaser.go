@@ -311,7 +311,7 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 // it and will take from it).
 func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote.Request {
 	want := ls.sizeLease(e, p, max(need, e.waiting.Load()), now)
-	if share := ls.contendedShare(e, p); share > want {
+	if share := ls.contendedShare(e, p, now); share > want {
 		want = share
 		e.setLowWater(share / 4)
 	}
@@ -353,8 +353,8 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 // store calls per 1 000 decisions above the idle floor against 79–80 with
 // half). 0 when the key is not contended, reservations are off, or the
 // store is not known healthy.
-func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
-	if ls.cfg.maxDelay <= 0 || p.shaped || ls.store.State() != gobreaker.StateClosed || ls.outage.held(ls.cfg.now()) || e.grantMode() {
+func (ls *leaser) contendedShare(e *entry, p *policyState, now mono) int64 {
+	if ls.cfg.maxDelay <= 0 || p.shaped || ls.store.State() != gobreaker.StateClosed || ls.outage.held(now) || e.grantMode() {
 		// A probe of a store that was down gets a plain lease: a long
 		// grant would fall due while the recovery hold still decides by
 		// the degraded share, and be spent on top of it.
@@ -363,7 +363,7 @@ func (ls *leaser) contendedShare(e *entry, p *policyState) int64 {
 	if level := e.answer.level.Load(); e.reserved() == 0 && (level < 0 || level >= p.tier(e).maxLease) {
 		return 0
 	}
-	if ls.alone(ls.cfg.now()) {
+	if ls.alone(now) {
 		return p.tier(e).limits[0].TokensIn(ls.cfg.maxDelay * 4 / 5)
 	}
 	n := int64(max(ls.outage.size(), 1))

@@ -264,7 +264,7 @@ func (pc *pacer) fire() {
 	}
 	pc.mu.Unlock()
 	for _, p := range due {
-		pc.releaseDue(p.e, p.r, now)
+		pc.releaseDue(p, now)
 	}
 	pc.mu.Lock()
 	if pc.timer == nil && !pc.stopped {
@@ -293,43 +293,40 @@ func (pc *pacer) stop() {
 // drop cancels p's reservation, if still on its key's list, giving back
 // what it had not released.
 func (pc *pacer) drop(p pending) {
-	rs := &p.e.extra().pace
-	rs.mu.Lock()
-	listed := rs.hasLocked(p.r)
-	if listed {
-		rs.removeLocked(p.r)
-		rs.publishLocked()
-	}
-	rs.mu.Unlock()
-	if listed {
-		pc.into.giveBack(p.e, p.r.n-p.r.delivered)
+	if left, ok := pc.unlist(p); ok {
+		pc.into.giveBack(p.e, left)
 		pc.bg.Exit()
 	}
 }
 
-// releaseDue deposits what r, ended by now, still holds and ends it,
-// unless it was taken off its key's list already (delivered whole, or
-// cancelled: whoever took it off ended it).
-func (pc *pacer) releaseDue(e *entry, r *reservation, now mono) {
-	rs := &e.extra().pace
+// releaseDue deposits what p's reservation, ended by now, still holds
+// and ends it, unless it was taken off its key's list already (delivered
+// whole, or cancelled: whoever took it off ended it).
+func (pc *pacer) releaseDue(p pending, now mono) {
+	if left, ok := pc.unlist(p); ok {
+		if left > 0 {
+			pc.into.deposit(p.e, left, p.r.until, now)
+		}
+		pc.bg.Exit()
+	}
+}
+
+// unlist takes p's reservation off its key's list and returns what it had
+// not released (catchUp may have delivered part, never all: it takes a
+// reservation it delivers whole off the list itself); false when it was
+// no longer listed.
+func (pc *pacer) unlist(p pending) (left int64, ok bool) {
+	rs := &p.e.extra().pace
 	rs.mu.Lock()
-	if !rs.hasLocked(r) {
-		rs.mu.Unlock()
-		return
+	defer rs.mu.Unlock()
+	if !rs.hasLocked(p.r) {
+		return 0, false
 	}
-	// Never below delivered: catchUp may have delivered with a later now
-	// than this callback read, and going back would deliver those tokens
-	// twice. now is past r's end, so this delivers it whole.
-	due := max(r.dueBy(now), r.delivered)
-	n := due - r.delivered
-	r.delivered = due
-	rs.removeLocked(r)
+	rs.removeLocked(p.r)
 	rs.publishLocked()
-	rs.mu.Unlock()
-	if n > 0 {
-		pc.into.deposit(e, n, r.until, now)
-	}
-	pc.bg.Exit()
+	left = p.r.n - p.r.delivered
+	p.r.delivered = p.r.n
+	return left, true
 }
 
 // catchUp releases what pending reservations owe at now, ahead of the
