@@ -26,6 +26,10 @@ type flight struct {
 	err  error
 	// handout is what is left of out.handout for the callers.
 	handout atomic.Int64
+	// refs is the callers with a need still on the flight, plus one for
+	// the flight until it is done: whoever ends the last drops what no
+	// caller took of the handout (a caller that left at its timeout).
+	refs atomic.Int64
 	// What the call is for: the leaser, the key's entry and the
 	// leader's need (0 for a background refill).
 	ls   *leaser
@@ -58,12 +62,16 @@ func (t *flightTable) join(ls *leaser, e *entry, need int64) (f *flight, lead bo
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if f = t.m[e.key]; f != nil {
+		if need > 0 {
+			f.refs.Add(1)
+		}
 		return f, false
 	}
 	if t.m == nil {
 		t.m = map[string]*flight{}
 	}
 	f = &flight{done: make(chan struct{}), ls: ls, e: e, need: need}
+	f.refs.Store(1 + min(need, 1))
 	t.m[e.key] = f
 	return f, true
 }
@@ -77,6 +85,22 @@ func (t *flightTable) finish(key string, f *flight, out fetchOutcome, err error)
 	f.out, f.err = out, err
 	f.handout.Store(out.handout)
 	close(f.done)
+	f.leave()
+}
+
+// leave ends a reference to f (a caller with a need, or the flight once
+// done); the last drops the handout no caller took. Those tokens were
+// admitted by the store and are not spendable later (see granted): they
+// count as expired, out of the key's books.
+func (f *flight) leave() {
+	if f.refs.Add(-1) != 0 {
+		return
+	}
+	if left := f.handout.Swap(0); left > 0 {
+		f.e.inflow.Add(-left)
+		f.e.misses.Add(left) // their callers' demand, as granted moved it
+		f.ls.stats.tokensExpired.Add(left)
+	}
 }
 
 // outcomeFor is f's outcome for a caller of need tokens, once done: handed

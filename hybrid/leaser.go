@@ -206,6 +206,7 @@ func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome
 		<-f.done
 		return f.out, f.err
 	}
+	defer f.leave()
 	select {
 	case <-f.done: // done already, or soon: no timer
 		return f.outcomeFor(need), f.err
@@ -449,6 +450,11 @@ func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, waiters i
 		// long as the bucket takes to refill.
 		hand := min(res.Granted, waiters)
 		ls.stats.tokensLeased.Add(hand)
+		// Into the key's books as leased, then spent; their callers'
+		// demand moves from misses to what the lease took in, in an
+		// order that never counts it twice (see demand.observe).
+		e.misses.Add(-hand)
+		e.inflow.Add(hand)
 		if rest := res.Granted - hand; rest > 0 {
 			ls.deposit(e, rest, ls.lifetime(res, start), now)
 		}

@@ -30,8 +30,10 @@ type Stats struct {
 	TokensDropped int64
 	// TokensExpired counts leased tokens of a token bucket that decayed
 	// unspent under WithStrictWindows (their bucket refilled behind them)
-	// or were dropped at Close or eviction: given back, they could let the
-	// bucket refill past Burst under leases others still hold.
+	// or were dropped at Close or eviction, and tokens a store call
+	// brought for callers that had stopped waiting (a caller's store
+	// timeout): given back, they could let the bucket refill past Burst
+	// under leases others still hold.
 	TokensExpired int64
 	// TokensDebited counts tokens admitted during outages and charged to
 	// the store afterwards.
