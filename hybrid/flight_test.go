@@ -155,3 +155,39 @@ func TestRefillsStartNoGoroutine(t *testing.T) {
 	// callbacks a second, each in a goroutine.
 	require.LessOrEqual(t, created, uint64(calls)/10+20, "%d store calls started %d goroutines", calls, created)
 }
+
+// TestHandoutNoCallerTookIsDropped: the tokens a call brings for the
+// callers waiting on it that no caller takes (one left at its store
+// timeout, before or after the call landed) are dropped out of the key's
+// books by the flight's last reference, their callers' demand back to
+// misses, and counted as expired; a caller that stays takes its own.
+func TestHandoutNoCallerTookIsDropped(t *testing.T) {
+	for _, leavesFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("leaves-before-landing=%v", leavesFirst), func(t *testing.T) {
+			w := newFakeWorld()
+			l := w.limiter(t, Policy{Name: "handout", Limit: Limit{Rate: 10, Period: time.Second, Burst: 10}})
+			e := newEntry("k")
+			e.inflow.Store(2) // as granted leaves it: 2 handed, from 2 misses
+			f, lead := l.leaser.flights.join(&l.leaser, e, 1)
+			require.True(t, lead)
+			g, lead := l.leaser.flights.join(&l.leaser, e, 1)
+			require.False(t, lead)
+			require.Same(t, f, g)
+			expired := l.Stats().TokensExpired
+			if leavesFirst {
+				g.leave() // timed out while the call was under way
+			}
+			l.leaser.flights.finish(e.key, f, fetchOutcome{deposited: true, handout: 2}, nil)
+			require.True(t, f.outcomeFor(1).handed, "the caller that stayed takes its token")
+			f.leave()
+			if !leavesFirst {
+				require.Equal(t, int64(2), e.inflow.Load(), "dropped while a caller may still take it")
+				g.leave() // timed out just as the call landed
+			}
+			require.Equal(t, int64(1), e.inflow.Load(), "tokens in the key's books")
+			require.Equal(t, int64(1), e.misses.Load(), "the demand of the caller that left")
+			require.Equal(t, int64(1), l.Stats().TokensExpired-expired)
+			require.Zero(t, f.handout.Load())
+		})
+	}
+}
