@@ -61,19 +61,19 @@ type flightTable struct {
 func (t *flightTable) join(ls *leaser, e *entry, need int64) (f *flight, lead bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if f = t.m[e.key]; f != nil {
-		if need > 0 {
-			f.refs.Add(1)
+	if f = t.m[e.key]; f == nil {
+		if t.m == nil {
+			t.m = map[string]*flight{}
 		}
-		return f, false
+		f = &flight{done: make(chan struct{}), ls: ls, e: e, need: need}
+		f.refs.Store(1) // the flight's own, until it is done
+		t.m[e.key] = f
+		lead = true
 	}
-	if t.m == nil {
-		t.m = map[string]*flight{}
+	if need > 0 {
+		f.refs.Add(1)
 	}
-	f = &flight{done: make(chan struct{}), ls: ls, e: e, need: need}
-	f.refs.Store(1 + min(need, 1))
-	t.m[e.key] = f
-	return f, true
+	return f, lead
 }
 
 // finish records f's outcome and releases those who joined it; a caller
