@@ -314,8 +314,9 @@ func TestRoundTripsUnderLimit(t *testing.T) {
 	}
 }
 
-// TestRejectionsCostNoRoundTrips: at the limit, doubling the demand leaves
-// the number of store calls where it was: rejections are decided locally.
+// TestRejectionsCostNoRoundTrips: at the limit, quadrupling the demand
+// leaves the number of store calls where it was: rejections are decided
+// locally.
 func TestRejectionsCostNoRoundTrips(t *testing.T) {
 	if testing.Short() {
 		t.Skip("6 s of load")
@@ -325,7 +326,7 @@ func TestRejectionsCostNoRoundTrips(t *testing.T) {
 	lim := Limit{Rate: 5000, Period: time.Second, Burst: 500}
 	var calls [2]int64
 	var offered [2]int64
-	for i, g := range []int{8, 16} {
+	for i, g := range []int{4, 16} {
 		lims := newFleet(t, 8, Policy{Name: fmt.Sprintf("double-%d", i), Limit: lim}, dial(srv))
 		require.NoError(t, admin.ConfigResetStat(context.Background()).Err())
 		off, adm, elapsed := steady(lims, g, 1000, 3*time.Second, "k")
@@ -348,16 +349,17 @@ func TestRejectionsCostNoRoundTrips(t *testing.T) {
 			require.NoError(t, l.Close(context.Background()))
 		}
 	}
-	if offered[1] < offered[0]*3/2 {
-		// A CPU-starved machine (make test beside a hog) cannot double the
-		// demand, so there is nothing to compare: the bound was checked.
-		t.Skipf("doubling goroutines raised demand only from %d to %d: the machine is too busy to compare store calls", offered[0], offered[1])
+	if offered[1] < offered[0]*3 {
+		// A CPU-starved machine (make test beside a hog) cannot quadruple
+		// the demand, so there is nothing to compare: the bound was checked.
+		t.Skipf("4× the goroutines raised demand only from %d to %d: the machine is too busy to compare store calls", offered[0], offered[1])
 	}
-	// Call counts move with scheduling: alone on this 2-core machine the
-	// ratio was 0.91–0.93, beside the rest of the suite up to 1.56. Calls
-	// that followed demand would double them.
-	if float64(calls[1]) > 1.7*float64(calls[0]) {
-		t.Fatalf("store calls went from %d to %d when demand doubled", calls[0], calls[1])
+	// Call counts move with scheduling: with 8 and 16 goroutines the ratio
+	// was 0.93–1.52 alone on this 2-core machine and 1.74 in CI beside the
+	// rest of the suite, too close to the 2 that calls following demand
+	// would give; with 4 and 16 those would give 4.
+	if float64(calls[1]) > 2.5*float64(calls[0]) {
+		t.Fatalf("store calls went from %d to %d when demand quadrupled", calls[0], calls[1])
 	}
 }
 
