@@ -74,6 +74,15 @@ func Grants(prefix, policy, tier, key string) string {
 	return bucketTag(prefix, policy, tier, key, "}:"+kindGrants)
 }
 
+// BucketAndGrants returns Bucket and Grants of the same arguments from one
+// string: the grants key is the bucket key then ":grants", so the bucket
+// key is its head. A store call sends both, and builds one string, not
+// two.
+func BucketAndGrants(prefix, policy, tier, key string) (bucket, grants string) {
+	grants = Grants(prefix, policy, tier, key)
+	return grants[:len(grants)-len(":"+kindGrants)], grants
+}
+
 // Slots returns the key of a concurrency limit's slots for key, by holder:
 // the bucket's tag, then ":slots".
 func Slots(prefix, policy, tier, key string) string {

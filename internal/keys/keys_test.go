@@ -77,7 +77,8 @@ func kinds(prefix, policy, tier, key string) []struct{ kind, key, suffix string 
 // only braced part; a bucket's (and its pool's) tag gives back exactly the
 // policy, tier and key, so no two triples share one; the policy's internal
 // keys hash to the policy alone; bucket keys end in '}', every other kind
-// in '}:' and its own name; and no two kinds of key are equal.
+// in '}:' and its own name; no two kinds of key are equal; and
+// BucketAndGrants is Bucket and Grants.
 func FuzzKeys(f *testing.F) {
 	for _, seed := range [][4]string{
 		{"", "api", "", "user-1"}, {"leasehold:", "p", "paid", "{"}, {"x:", "a:b", "t", "}{"},
@@ -93,6 +94,9 @@ func FuzzKeys(f *testing.F) {
 		p := prefix
 		if p == "" {
 			p = DefaultPrefix
+		}
+		if b, g := BucketAndGrants(prefix, policy, tier, key); b != Bucket(prefix, policy, tier, key) || g != Grants(prefix, policy, tier, key) {
+			t.Fatalf("BucketAndGrants = %q, %q; want %q, %q", b, g, Bucket(prefix, policy, tier, key), Grants(prefix, policy, tier, key))
 		}
 		seen := map[string]string{}
 		for _, k := range kinds(prefix, policy, tier, key) {
