@@ -222,10 +222,11 @@ func (s *RedisStore) grantCall(ctx context.Context, op Op, r GrantRequest, unspe
 	if err != nil {
 		return Result{}, err
 	}
-	key, grants := bucketKeys(&req)
-	args := []any{op.arg(), req.N, 1, m.Rate, m.Per, m.Burst, req.Version, 0, -maxDebt, ttlMarginArg, 1,
-		g.holder, g.running, g.term, g.maxHolders, g.burst}
-	v, err := s.eval(ctx, bucketScript, []string{key, grants}, args)
+	call := newBucketCall(&req)
+	call.cmd = append(call.cmd, op.arg(), req.N, 1, m.Rate, m.Per, m.Burst, req.Version, 0, -maxDebt, ttlMarginArg, 1,
+		g.holder, g.running, g.term, g.maxHolders, g.burst)
+	key := call.keys[0]
+	v, err := s.eval(ctx, &call.scriptCall)
 	if err != nil {
 		return Result{}, s.failed(key, err)
 	}

@@ -181,38 +181,73 @@ func (s *RedisStore) checkEviction(ctx context.Context) error {
 func (s *RedisStore) Client() redis.UniversalClient { return s.c }
 
 func (s *RedisStore) do(ctx context.Context, op Op, r Request) (Result, error) {
-	keys, script, args, err := s.args.scriptArgs(op, &r)
+	call, err := s.args.scriptArgs(op, &r)
 	if err != nil {
 		return Result{}, err
 	}
-	v, err := s.eval(ctx, script, keys, args)
+	v, err := s.eval(ctx, call)
 	if err != nil {
-		return Result{}, s.failed(keys[0], err)
+		return Result{}, s.failed(call.keys[0], err)
 	}
-	return parseReply(keys[0], v)
+	return parseReply(call.keys[0], v)
 }
 
-// eval runs script on keys (all in one slot), through the autopipeliner
-// when there is one, and as EVAL when the server has lost the script.
-func (s *RedisStore) eval(ctx context.Context, script *redis.Script, keys []string, args []any) (any, error) {
+// eval sends call (its keys all in one slot) as its EVALSHA command,
+// through the autopipeliner when there is one, and as EVAL when the server
+// has lost the script.
+func (s *RedisStore) eval(ctx context.Context, call *scriptCall) (any, error) {
+	cmd := redis.NewCmd(ctx, call.cmd...)
+	cmd.SetFirstKeyPos(3)
+	var err error
 	if s.ap == nil {
-		return script.Run(ctx, s.c, keys, args...).Result()
+		err = s.c.Process(ctx, cmd)
+	} else {
+		err = s.ap.Submit(ctx, cmd).WaitContext(ctx)
 	}
-	head := []any{"evalsha", script.Hash(), len(keys)}
-	for _, k := range keys {
-		head = append(head, k)
-	}
-	cmd := redis.NewCmd(ctx, append(head, args...)...)
-	err := s.ap.Submit(ctx, cmd).WaitContext(ctx)
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		// EVAL caches the script again for the next EVALSHA.
-		return script.Eval(ctx, s.c, keys, args...).Result()
+		return call.script.Eval(ctx, s.c, call.keys, call.args()...).Result()
 	}
 	if err != nil {
 		return nil, err
 	}
 	return cmd.Result()
 }
+
+// scriptCall is one call of a script: its keys, and the EVALSHA command
+// that sends them and its arguments, built once (go-redis's EvalSha would
+// copy them into a command of its own and box the script's hash again).
+type scriptCall struct {
+	script *redis.Script
+	keys   []string
+	cmd    []any // "evalsha", the hash, len(keys), the keys, the arguments
+}
+
+// newScriptCall returns a call of script (its hash boxed as sha) on keys
+// with room for n arguments, which the caller appends to cmd.
+func newScriptCall(script *redis.Script, sha any, keys []string, n int) *scriptCall {
+	call := &scriptCall{script: script, keys: keys}
+	call.cmd = appendHead(make([]any, 0, 3+len(keys)+n), sha, keys)
+	return call
+}
+
+// appendHead appends EVALSHA's name, the script's hash and the keys to cmd.
+func appendHead(cmd []any, sha any, keys []string) []any {
+	cmd = append(cmd, "evalsha", sha, len(keys))
+	for _, k := range keys {
+		cmd = append(cmd, k)
+	}
+	return cmd
+}
+
+// args is the script's arguments, the command's tail.
+func (c *scriptCall) args() []any { return c.cmd[3+len(c.keys):] }
+
+// The scripts' hashes, boxed once as EVALSHA's argument.
+var (
+	bucketSHA any = bucketScript.Hash()
+	shapeSHA  any = shapeScript.Hash()
+)
 
 // failed classifies err and, when a node could not be reached, asks a
 // Cluster client to reload its slot map.
@@ -229,18 +264,16 @@ func (s *RedisStore) failed(key string, err error) error {
 // missing are sent again in a second pipeline as EVAL.
 func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 	out := make([]Reply, len(rs))
-	keys := make([][]string, len(rs))
-	scripts := make([]*redis.Script, len(rs))
-	args := make([][]any, len(rs))
+	calls := make([]*scriptCall, len(rs))
 	cmds := make([]*redis.Cmd, len(rs))
 	pipe := s.c.Pipeline()
 	for i := range rs {
 		var err error
-		if keys[i], scripts[i], args[i], err = s.args.scriptArgs(op, &rs[i]); err != nil {
+		if calls[i], err = s.args.scriptArgs(op, &rs[i]); err != nil {
 			out[i].Err = err
 			continue
 		}
-		cmds[i] = scripts[i].EvalSha(ctx, pipe, keys[i], args[i]...)
+		cmds[i] = calls[i].script.EvalSha(ctx, pipe, calls[i].keys, calls[i].args()...)
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // errors are read per command below
@@ -254,7 +287,7 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 			if retry == nil {
 				retry = s.c.Pipeline()
 			}
-			cmds[i] = scripts[i].Eval(ctx, retry, keys[i], args[i]...)
+			cmds[i] = calls[i].script.Eval(ctx, retry, calls[i].keys, calls[i].args()...)
 		}
 	}
 	if retry != nil {
@@ -266,10 +299,10 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 		}
 		v, err := cmd.Result()
 		if err != nil {
-			out[i].Err = s.failed(keys[i][0], err)
+			out[i].Err = s.failed(calls[i].keys[0], err)
 			continue
 		}
-		out[i].Result, out[i].Err = parseReply(keys[i][0], v)
+		out[i].Result, out[i].Err = parseReply(calls[i].keys[0], v)
 	}
 	return out
 }
@@ -316,45 +349,54 @@ func (c *argCache) limit(m exact.Micros, maxDelay int64) *[4]any {
 	return &l.boxed
 }
 
-// bucketCall is the keys and arguments of one call of the bucket script,
-// in one allocation rather than two (a cold decision's store call made 4
-// of its own: these two slices and two key strings).
+// bucketCall is a call of the bucket script and the room for its keys and
+// command, in one allocation (a cold decision's store call made 4 of its
+// own before go-redis's: two slices and two key strings).
 type bucketCall struct {
-	keys [2]string
-	args [19]any // 11, and 8 more for a debit with a mark
+	scriptCall
+	keyRoom [2]string
+	cmdRoom [5 + 19]any // the head, 11 arguments (16 for a grant), 8 more for a debit with a mark
 }
 
-// scriptArgs validates r and returns its keys (the bucket's first), the
-// script that keeps its bucket (bucketLua, or shapeLua for a shaped
-// request) and the script's arguments.
-func (c *argCache) scriptArgs(op Op, r *Request) ([]string, *redis.Script, []any, error) {
+// newBucketCall returns a call of the bucket script on r's bucket and
+// grants keys, its arguments to be appended to cmd.
+func newBucketCall(r *Request) *bucketCall {
+	call := new(bucketCall)
+	call.keyRoom[0], call.keyRoom[1] = bucketKeys(r)
+	call.scriptCall = scriptCall{script: bucketScript, keys: call.keyRoom[:]}
+	call.cmd = appendHead(call.cmdRoom[:0], bucketSHA, call.keys)
+	return call
+}
+
+// scriptArgs validates r and returns the call of the script that keeps its
+// bucket (bucketLua, or shapeLua for a shaped request) on its keys (the
+// bucket's first) with the script's arguments.
+func (c *argCache) scriptArgs(op Op, r *Request) (*scriptCall, error) {
 	m, err := validate(op, r)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	if !r.shaped() {
 		b := c.limit(m, int64(r.MaxDelay/time.Microsecond))
-		call := new(bucketCall)
-		call.keys[0], call.keys[1] = bucketKeys(r)
-		args := append(call.args[:0], op.arg(), r.N, r.Min, b[0], b[1], b[2], r.Version,
+		call := newBucketCall(r)
+		call.cmd = append(call.cmd, op.arg(), r.N, r.Min, b[0], b[1], b[2], r.Version,
 			b[3], -maxDebt, ttlMarginArg, r.Need)
 		if op == OpDebit && r.Mark.Born != 0 {
 			// The grant arguments (12–16) are unused by a debit.
-			args = append(args, "", 0, 0, 0, 0, r.Spent, r.Mark.Born, r.Mark.Spill)
+			call.cmd = append(call.cmd, "", 0, 0, 0, 0, r.Spent, r.Mark.Born, r.Mark.Spill)
 		}
-		return call.keys[:], bucketScript, args, nil
+		return &call.scriptCall, nil
 	}
-	key := bucketKey(r)
 	ls, err := validateShape(op, r)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	var since int64
 	if !r.Since.IsZero() {
 		since = r.Since.UnixMicro()
 	}
-	args := make([]any, 0, 10+4*len(ls))
-	args = append(args, op.arg(), r.N, r.Min, r.Need, r.Version, -maxDebt, ttlMarginArg,
+	call := newScriptCall(shapeScript, shapeSHA, []string{bucketKey(r)}, 10+4*len(ls))
+	args := append(call.cmd, op.arg(), r.N, r.Min, r.Need, r.Version, -maxDebt, ttlMarginArg,
 		int64(r.Hold/time.Microsecond), since, len(ls))
 	for _, l := range ls {
 		kind := "g"
@@ -363,7 +405,8 @@ func (c *argCache) scriptArgs(op Op, r *Request) ([]string, *redis.Script, []any
 		}
 		args = append(args, kind, l.m.Rate, l.m.Per, l.m.Burst)
 	}
-	return []string{key}, shapeScript, args, nil
+	call.cmd = args
+	return call, nil
 }
 
 // classify wraps a Redis failure: foreign data in the key is
