@@ -55,6 +55,11 @@ bench: redis
 	  echo "cores: $$(nproc)"; echo "go: $$($(GO) env GOVERSION)"; echo "redis: $$(redis-server --version | cut -d' ' -f3)"; \
 	  cd benchmarks && $(GO) test -run '^$$' -bench . -benchmem -timeout 30m .; } | tee benchmarks/results/latest.txt.tmp
 	mv benchmarks/results/latest.txt.tmp benchmarks/results/latest.txt
+	# Medians of 5 rounds of the Zipf rows (about 16 minutes): one run swings.
+	{ echo "date: $$(date -u +%Y-%m-%dT%H:%MZ)"; echo "commit: $$(git rev-parse --short HEAD 2>/dev/null)"; \
+	  echo "cores: $$(nproc)"; echo "go: $$($(GO) env GOVERSION)"; echo "redis: $$(redis-server --version | cut -d' ' -f3)"; \
+	  cd benchmarks && LEASEHOLD_BENCH_RATIOS=1 $(GO) test -count=1 -timeout 40m -run '^TestZipfRatios$$' -v .; } | tee benchmarks/results/ratios.txt.tmp
+	mv benchmarks/results/ratios.txt.tmp benchmarks/results/ratios.txt
 
 sim:
 	$(GO) run ./sim

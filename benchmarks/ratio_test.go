@@ -1,0 +1,90 @@
+package benchmarks
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
+)
+
+// ratioRounds is how many times TestZipfRatios runs each row. One run of a
+// Zipf row swings with its own speed: a slower run revisits each key later
+// in wall time, so its floor and its calls above it both rise, which slows
+// it further (5 runs of hybrid+strict at 16 goroutines: 4 845–11 395
+// ns/op, 109–194 store calls per 1 000).
+const ratioRounds = 5
+
+// TestZipfRatios runs hybrid (default and strict) and redis_rate on the
+// Zipf workload at every concurrency level, ratioRounds times in turn on
+// one real Redis, and prints the median of each round's throughput ratio
+// against redis_rate and the medians of each row's p99 and p99.9: what
+// one run of BenchmarkLimiters cannot settle. It takes about 5 minutes,
+// so it runs in make bench (LEASEHOLD_BENCH_RATIOS=1), not make test.
+func TestZipfRatios(t *testing.T) {
+	if os.Getenv("LEASEHOLD_BENCH_RATIOS") == "" {
+		t.Skip("set LEASEHOLD_BENCH_RATIOS=1 (make bench)")
+	}
+	srv := redistest.Standalone(t)
+	w := workloads[2]
+	keys, seq := keySet(w.keys), w.sequence()
+	impls := []struct {
+		name string
+		run  func(b *testing.B, par int)
+	}{
+		{"redis_rate", func(b *testing.B, par int) { benchRedisRate(b, srv, w, keys, seq, par) }},
+		{"hybrid", func(b *testing.B, par int) { benchHybrid(b, srv, w, keys, seq, par, hybridSetup{}) }},
+		{"hybrid+strict", func(b *testing.B, par int) {
+			benchHybrid(b, srv, w, keys, seq, par, hybridSetup{limiter: []hybrid.Option{hybrid.WithStrictWindows(true)}})
+		}},
+	}
+	var out strings.Builder
+	fmt.Fprintf(&out, "medians of %d rounds, %s:\n", ratioRounds, w.name)
+	fmt.Fprintf(&out, "%-10s %-14s %12s %10s %12s %12s %14s\n", "goroutines", "impl", "ns/op", "× rr", "p99 ms", "p99.9 ms", "calls/1000")
+	for _, par := range goroutines {
+		// rows[i][r] is impl i's result in round r.
+		rows := make([][]testing.BenchmarkResult, len(impls))
+		for range ratioRounds {
+			for i, im := range impls {
+				r := testing.Benchmark(func(b *testing.B) { im.run(b, par) })
+				if r.N == 0 {
+					t.Fatalf("%s at %d goroutines did not run", im.name, par)
+				}
+				rows[i] = append(rows[i], r)
+			}
+		}
+		for i, im := range impls {
+			ratios := make([]float64, ratioRounds)
+			for r := range ratioRounds {
+				ratios[r] = float64(rows[0][r].NsPerOp()) / float64(rows[i][r].NsPerOp())
+			}
+			med := func(f func(testing.BenchmarkResult) float64) float64 {
+				v := make([]float64, ratioRounds)
+				for r, res := range rows[i] {
+					v[r] = f(res)
+				}
+				return median(v)
+			}
+			fmt.Fprintf(&out, "%-10d %-14s %12.0f %10.2f %12.2f %12.2f %14.1f\n", par, im.name,
+				med(func(r testing.BenchmarkResult) float64 { return float64(r.NsPerOp()) }), median(ratios),
+				med(func(r testing.BenchmarkResult) float64 { return r.Extra["p99-ns"] / 1e6 }),
+				med(func(r testing.BenchmarkResult) float64 { return r.Extra["p99.9-ns"] / 1e6 }),
+				med(func(r testing.BenchmarkResult) float64 { return r.Extra["storecalls/1000"] }))
+		}
+	}
+	t.Log("\n" + out.String())
+}
+
+// median is the middle of v (the mean of the two middle values for an
+// even count); v is sorted in place.
+func median(v []float64) float64 {
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}
