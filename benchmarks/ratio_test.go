@@ -1,9 +1,11 @@
 package benchmarks
 
 import (
+	"bufio"
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -87,4 +89,71 @@ func median(v []float64) float64 {
 		return v[n/2]
 	}
 	return (v[n/2-1] + v[n/2]) / 2
+}
+
+// ratiosFile is where make bench writes TestZipfRatios's output.
+const ratiosFile = "results/ratios.txt"
+
+// TestRatiosTable checks that docs/benchmarks.md's table of medians is the
+// one results/ratios.txt gives; after `make bench`, run it with
+// UPDATE_README=1 to rewrite it.
+func TestRatiosTable(t *testing.T) {
+	want, err := ratiosTable(ratiosFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepSection(t, "ratios", want, ratiosFile)
+}
+
+// ratiosTable reads TestZipfRatios's output in path and makes the
+// markdown table of its medians, one line per concurrency level.
+func ratiosTable(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	commit := "?"
+	// med[goroutines][impl] is the line's fields after the impl's name:
+	// ns/op, × rr, p99 ms, p99.9 ms, calls/1000.
+	med := map[string]map[string][]string{}
+	var order []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if c, ok := strings.CutPrefix(line, "commit: "); ok {
+			commit = strings.Fields(c)[0]
+			continue
+		}
+		fs := strings.Fields(line)
+		if len(fs) != 7 {
+			continue
+		}
+		if _, err := strconv.Atoi(fs[0]); err != nil {
+			continue
+		}
+		if med[fs[0]] == nil {
+			med[fs[0]] = map[string][]string{}
+			order = append(order, fs[0])
+		}
+		med[fs[0]][fs[1]] = fs[2:]
+	}
+	if err := sc.Err(); err != nil {
+		return "", err
+	}
+	if len(order) == 0 {
+		return "", fmt.Errorf("%s holds no medians", path)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "The last run (commit %s):\n\n", commit)
+	b.WriteString("| goroutines | hybrid × redis_rate | hybrid+strict × redis_rate | p99 ms: hybrid / strict / redis_rate | p99.9 ms: hybrid / strict / redis_rate |\n")
+	b.WriteString("|---|---|---|---|---|\n")
+	for _, g := range order {
+		h, st, rr := med[g]["hybrid"], med[g]["hybrid+strict"], med[g]["redis_rate"]
+		if h == nil || st == nil || rr == nil {
+			return "", fmt.Errorf("%s: goroutines=%s lacks a row", path, g)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s / %s / %s | %s / %s / %s |\n", g, h[1], st[1], h[2], st[2], rr[2], h[3], st[3], rr[3])
+	}
+	return b.String(), nil
 }

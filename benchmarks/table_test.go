@@ -122,8 +122,15 @@ func TestReadmeTable(t *testing.T) {
 	if len(rows) == 0 {
 		t.Fatalf("%s holds no benchmark lines", resultsFile)
 	}
-	want := markdownTable(config, rows)
-	const start, end = "<!-- bench:start -->\n", "<!-- bench:end -->"
+	keepSection(t, "bench", markdownTable(config, rows), resultsFile)
+}
+
+// keepSection checks that docsFile's section between <!-- name:start -->
+// and <!-- name:end --> is want, made from source; with UPDATE_README set
+// it rewrites the section instead.
+func keepSection(t *testing.T, name, want, source string) {
+	t.Helper()
+	start, end := "<!-- "+name+":start -->\n", "<!-- "+name+":end -->"
 	readme, err := os.ReadFile(docsFile)
 	if err != nil {
 		t.Fatal(err)
@@ -143,5 +150,5 @@ func TestReadmeTable(t *testing.T) {
 		}
 		return
 	}
-	t.Fatalf("%s's benchmark table is not the one %s gives; run `UPDATE_README=1 go test -run TestReadmeTable` in benchmarks/", docsFile, resultsFile)
+	t.Fatalf("%s's %s section is not the one %s gives; run `UPDATE_README=1 go test -run %s` in benchmarks/", docsFile, name, source, t.Name())
 }
