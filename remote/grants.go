@@ -7,7 +7,6 @@ import (
 
 	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/exact"
-	"github.com/leasehold/leasehold/internal/keys"
 )
 
 // Capacity grants. A holder with sustained demand on a key asks the bucket
@@ -192,8 +191,6 @@ func validateHolder(h string) error {
 	}
 	return nil
 }
-
-func grantsKey(r *Request) string { return keys.Grants(r.Prefix, r.Policy, r.Tier, r.Key) }
 
 // grantCaller runs one grant operation on a store.
 type grantCaller func(ctx context.Context, op Op, r GrantRequest, unspent int64) (Result, error)

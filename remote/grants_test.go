@@ -260,8 +260,9 @@ func TestGrantBadInput(t *testing.T) {
 func luaGrantState(t *testing.T, c redis.UniversalClient, r *Request) string {
 	t.Helper()
 	ctx := context.Background()
-	b, _ := c.Get(ctx, bucketKey(r)).Result()
-	g, _ := c.Get(ctx, grantsKey(r)).Result()
+	bucket, grants := bucketKeys(r)
+	b, _ := c.Get(ctx, bucket).Result()
+	g, _ := c.Get(ctx, grants).Result()
 	parts := strings.Split(g, "|")
 	slices.Sort(parts[min(1, len(parts)):])
 	return b + " / " + strings.Join(parts, "|")

@@ -196,8 +196,7 @@ func (s *RedisStore) do(ctx context.Context, op Op, r Request) (Result, error) {
 // through the autopipeliner when there is one, and as EVAL when the server
 // has lost the script.
 func (s *RedisStore) eval(ctx context.Context, call *scriptCall) (any, error) {
-	cmd := redis.NewCmd(ctx, call.cmd...)
-	cmd.SetFirstKeyPos(3)
+	cmd := call.command(ctx)
 	var err error
 	if s.ap == nil {
 		err = s.c.Process(ctx, cmd)
@@ -240,6 +239,13 @@ func appendHead(cmd []any, sha any, keys []string) []any {
 	return cmd
 }
 
+// command is the call's EVALSHA command, to send as it is.
+func (c *scriptCall) command(ctx context.Context) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, c.cmd...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
+}
+
 // args is the script's arguments, the command's tail.
 func (c *scriptCall) args() []any { return c.cmd[3+len(c.keys):] }
 
@@ -273,7 +279,8 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 			out[i].Err = err
 			continue
 		}
-		cmds[i] = calls[i].script.EvalSha(ctx, pipe, calls[i].keys, calls[i].args()...)
+		cmds[i] = calls[i].command(ctx)
+		_ = pipe.Process(ctx, cmds[i]) // queued; its outcome is read below
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // errors are read per command below
