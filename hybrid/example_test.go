@@ -371,5 +371,5 @@ func ExampleWithStrictWindows() {
 	fmt.Printf("burst %d, 700 ms later %d (at most Burst), %d leased tokens expired unspent\n",
 		burst, next, s.TokensExpired)
 	// Output:
-	// burst 60, 700 ms later 100 (at most Burst), 6 leased tokens expired unspent
+	// burst 60, 700 ms later 99 (at most Burst), 11 leased tokens expired unspent
 }

@@ -468,6 +468,10 @@ type faultStore struct {
 	lastLatency time.Duration
 }
 
+// Unwrap returns the store behind the faults, through which hybrid.New
+// finds a tiered world's store (see hybrid.WithStrictWindows).
+func (f *faultStore) Unwrap() remote.Store { return f.next }
+
 var errTimeout = fmt.Errorf("sim: %w: %w", remote.ErrUnavailable, context.DeadlineExceeded)
 var errRefused = fmt.Errorf("sim: %w: connection refused", remote.ErrUnavailable)
 
