@@ -38,3 +38,51 @@ func TestLeaseFloorCounting(t *testing.T) {
 		}
 	}
 }
+
+// TestCallsByKind: the breakdown under each table counts every store call
+// once, and says which lease calls were on keys at their limit: nearly
+// all of them on a key asked twice its limit, few on one asked a tenth.
+func TestCallsByKind(t *testing.T) {
+	suite, err := loadSuite("healthy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name       string
+		rateFactor int64 // the policy's rate and burst times this
+		atLimit    func(share float64) bool
+		want       string
+	}{
+		{"at twice the limit", 1, func(s float64) bool { return s >= 0.9 }, "at least 90%"},
+		{"at a tenth of the limit", 20, func(s float64) bool { return s <= 0.1 }, "at most 10%"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := *suite[0]
+			s.Policy.Rate *= tc.rateFactor
+			s.Policy.Burst *= tc.rateFactor
+			shorten(&s, 10, 20, 1000) // all 20 processes: 4 000/s asked
+			rec, err := run(&s, s.Seed, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var byKind, all int64
+			for _, n := range rec.calls {
+				byKind += n
+			}
+			for _, p := range rec.phases {
+				all += p.storeCalls
+			}
+			if byKind != all || all == 0 {
+				t.Fatalf("%d store calls by kind, %d in the phases", byKind, all)
+			}
+			leases := rec.calls[callLease]
+			share := float64(rec.leasesAtLimit) / float64(max(leases, 1))
+			t.Logf("%d lease calls, %.1f%% at the limit; %d fleet, %d policy, %d returns", leases, 100*share,
+				rec.calls[callFleet], rec.calls[callPolicy], rec.calls[callReturn])
+			if !tc.atLimit(share) || rec.calls[callFleet] == 0 || rec.calls[callPolicy] == 0 {
+				t.Fatalf("%.1f%% of %d lease calls at the limit, want %s; %d fleet and %d policy calls, want some",
+					100*share, leases, tc.want, rec.calls[callFleet], rec.calls[callPolicy])
+			}
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/remote"
 )
 
 // phase is a stretch of the run judged on its own: healthy (before any
@@ -56,6 +57,11 @@ type recorder struct {
 	// A tiered world's regions, and every admission's time.
 	regions     []regionStats
 	worldAdmits []time.Duration
+
+	// calls counts the run's store calls by kind, leasesAtLimit the lease
+	// calls of them on keys at their limit (see leaseAnswered).
+	calls         [numCallKinds]int64
+	leasesAtLimit int64
 
 	// seen is when each process last decided on each key: a decision on a
 	// key its process had not decided for Burst/Rate is at the idle floor.
@@ -253,7 +259,44 @@ func (r *recorder) policyChanged(at time.Duration, l hybrid.Limit) {
 	}
 }
 
-func (r *recorder) storeCall() { r.phases[r.cur].storeCalls++ }
+func (r *recorder) storeCall(kind callKind) {
+	r.phases[r.cur].storeCalls++
+	r.calls[kind]++
+}
+
+// callKind is what a store call was for, in the breakdown under each
+// scenario's table.
+type callKind int
+
+const (
+	callLease callKind = iota
+	callReturn
+	callDebit
+	callGrant  // capacity grants: grant, renewal, ungrant
+	callFleet  // heartbeats and leaves
+	callPolicy // policy reads and writes
+	numCallKinds
+)
+
+// kindOf is the kind of a batch of op.
+func kindOf(op remote.Op) callKind {
+	switch op {
+	case remote.OpReturn:
+		return callReturn
+	case remote.OpDebit:
+		return callDebit
+	}
+	return callLease
+}
+
+// leaseAnswered counts a lease call for r answered with res on a key at
+// its limit: refused, future-dated, or leaving the bucket less than a
+// tenth of Burst (the default's largest lease).
+func (r *recorder) leaseAnswered(req *remote.Request, res *remote.Result) {
+	if res.Granted == 0 || res.Delay > 0 || res.Remaining < max(req.Limit.Burst/10, 1) {
+		r.leasesAtLimit++
+	}
+}
 
 // decision records one decision of n tokens (n > 1 for costed traffic,
 // its estimate).
@@ -365,6 +408,9 @@ func (r *recorder) table(out io.Writer) {
 	}
 	per1k := func(n int64) float64 { return 1000 * float64(n) / math.Max(1, float64(decisions)) }
 	fmt.Fprintf(out, "idle floor: %.1f store calls/1000; 10%% lease floor: %.1f\n", per1k(idle), per1k(capCalls))
+	c := &r.calls
+	fmt.Fprintf(out, "store calls/1000 by kind: leases %.1f (on keys at their limit %.1f), returns %.1f, debits %.1f, grants %.1f, fleet %.1f, policy %.1f\n",
+		per1k(c[callLease]), per1k(r.leasesAtLimit), per1k(c[callReturn]), per1k(c[callDebit]), per1k(c[callGrant]), per1k(c[callFleet]), per1k(c[callPolicy]))
 	fmt.Fprintln(out, tableLegend)
 }
 
@@ -373,7 +419,8 @@ const tableLegend = `servable: each key's offered demand capped at its exact bou
 utilization = admitted / servable; over-admission = admissions beyond each key's own bound, as a share of the bounds;
 wait: virtual time a decision waited for the store (0 when a lease or a cached refusal answered it);
 idle floor: decisions on a key its process had not decided for Burst/Rate, which need a store call whatever the limiter;
-10% lease floor: the fewest calls for the same admissions from leases by a limiter whose lease holds at most 10% of Burst, as the default's does, for 1.5 lease TTLs.`
+10% lease floor: the fewest calls for the same admissions from leases by a limiter whose lease holds at most 10% of Burst, as the default's does, for 1.5 lease TTLs;
+by kind: a batch is one call; a lease on a key at its limit was refused, future-dated, or left the bucket less than 10% of Burst.`
 
 // verdict checks the targets; it returns the misses.
 func (r *recorder) verdict() []string {

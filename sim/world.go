@@ -475,8 +475,8 @@ func (f *faultStore) Unwrap() remote.Store { return f.next }
 var errTimeout = fmt.Errorf("sim: %w: %w", remote.ErrUnavailable, context.DeadlineExceeded)
 var errRefused = fmt.Errorf("sim: %w: connection refused", remote.ErrUnavailable)
 
-func (f *faultStore) gate() error {
-	f.rec.storeCall()
+func (f *faultStore) gate(kind callKind) error {
+	f.rec.storeCall(kind)
 	lat := ms(f.lat.Base+f.lat.Jitter*f.rng.Float64()) + time.Duration(f.extra.Load())
 	f.lastLatency = lat
 	switch {
@@ -489,56 +489,68 @@ func (f *faultStore) gate() error {
 }
 
 func (f *faultStore) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
-	if err := f.gate(); err != nil {
+	if err := f.gate(callLease); err != nil {
 		return remote.Result{}, err
 	}
-	return f.next.Lease(ctx, r)
+	res, err := f.next.Lease(ctx, r)
+	if err == nil {
+		f.rec.leaseAnswered(&r, &res)
+	}
+	return res, err
 }
 
 func (f *faultStore) Return(ctx context.Context, r remote.Request) (remote.Result, error) {
-	if err := f.gate(); err != nil {
+	if err := f.gate(callReturn); err != nil {
 		return remote.Result{}, err
 	}
 	return f.next.Return(ctx, r)
 }
 
 func (f *faultStore) Debit(ctx context.Context, r remote.Request) (remote.Result, error) {
-	if err := f.gate(); err != nil {
+	if err := f.gate(callDebit); err != nil {
 		return remote.Result{}, err
 	}
 	return f.next.Debit(ctx, r)
 }
 
 func (f *faultStore) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
-	if err := f.gate(); err != nil {
+	if err := f.gate(kindOf(op)); err != nil {
 		return remote.FailedReplies(len(rs), err)
 	}
-	return f.next.Batch(ctx, op, rs)
+	out := f.next.Batch(ctx, op, rs)
+	if op == remote.OpLease {
+		for i := range out {
+			if out[i].Err == nil {
+				f.rec.leaseAnswered(&rs[i], &out[i].Result)
+			}
+		}
+	}
+	return out
 }
 
 func (f *faultStore) Heartbeat(ctx context.Context, prefix, policy, member string, expiry time.Duration) (int, error) {
-	if err := f.gate(); err != nil {
+	if err := f.gate(callFleet); err != nil {
 		return 0, err
 	}
 	return f.next.Heartbeat(ctx, prefix, policy, member, expiry)
 }
 
 func (f *faultStore) Leave(ctx context.Context, prefix, policy, member string) error {
-	if err := f.gate(); err != nil {
+	if err := f.gate(callFleet); err != nil {
 		return err
 	}
 	return f.next.Leave(ctx, prefix, policy, member)
 }
 
 func (f *faultStore) SetPolicy(ctx context.Context, prefix, name string, rec remote.PolicyRecord) (remote.PolicyRecord, bool, error) {
-	if err := f.gate(); err != nil {
+	if err := f.gate(callPolicy); err != nil {
 		return remote.PolicyRecord{}, false, err
 	}
 	return f.next.SetPolicy(ctx, prefix, name, rec)
 }
 
 func (f *faultStore) GetPolicy(ctx context.Context, prefix, name string) (remote.PolicyRecord, bool, error) {
-	if err := f.gate(); err != nil {
+	if err := f.gate(callPolicy); err != nil {
 		return remote.PolicyRecord{}, false, err
 	}
 	return f.next.GetPolicy(ctx, prefix, name)
@@ -550,7 +562,7 @@ func (f *faultStore) Grant(ctx context.Context, r remote.GrantRequest) (remote.G
 	if !ok {
 		return remote.Grant{}, remote.ErrNoGrants
 	}
-	if err := f.gate(); err != nil {
+	if err := f.gate(callGrant); err != nil {
 		return remote.Grant{}, err
 	}
 	return g.Grant(ctx, r)
@@ -562,7 +574,7 @@ func (f *faultStore) Ungrant(ctx context.Context, r remote.GrantRequest, unspent
 	if !ok {
 		return remote.Result{}, remote.ErrNoGrants
 	}
-	if err := f.gate(); err != nil {
+	if err := f.gate(callGrant); err != nil {
 		return remote.Result{}, err
 	}
 	return g.Ungrant(ctx, r, unspent)
