@@ -132,17 +132,17 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int6
 // even part of the level, level/N, cost scale-100x10k 1.8 points of its
 // servable demand; level/(2N) nothing).
 func (ls *leaser) decayingSpare(e *entry, t *tierState, now mono) int64 {
-	lim := t.limits[0]
-	if ls.alone(now) {
-		if !e.answer.seen() {
+	lim, alone := t.limits[0], ls.alone(now)
+	if !e.answer.seen() {
+		if alone {
 			return lim.Burst
 		}
-		return e.answer.remaining(lim, 0, now)
-	}
-	if !e.answer.seen() {
 		return 0
 	}
 	level := e.answer.remaining(lim, 0, now)
+	if alone {
+		return level
+	}
 	if 2*level < lim.Burst {
 		return 0
 	}
