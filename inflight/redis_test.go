@@ -80,7 +80,12 @@ func TestInFlightOnRealRedis(t *testing.T) {
 		for _, slots := range []int64{10, 50} {
 			t.Run(fmt.Sprintf("%s/limit=%d", be.name, slots), func(t *testing.T) {
 				name := "in-flight-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-				start := time.Now().Add(500 * time.Millisecond) // every process starts together
+				// The servers are up before the common start is set: a
+				// cluster takes seconds to form, and a start already past
+				// would let each process run its own 2 s, so the fleet's
+				// windows would not overlap and fewer would be in flight.
+				addrs := be.addrs(t)
+				start := time.Now().Add(time.Second) // every process starts and stops together
 				reports := make([]report, 4)
 				errs := make([]error, 4)
 				var wg sync.WaitGroup
@@ -88,7 +93,7 @@ func TestInFlightOnRealRedis(t *testing.T) {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						if err := helperproc.Run([]string{helperEnv + "=" + be.addrs(t), "INFLIGHT_NAME=" + name,
+						if err := helperproc.Run([]string{helperEnv + "=" + addrs, "INFLIGHT_NAME=" + name,
 							"INFLIGHT_SLOTS=" + strconv.FormatInt(slots, 10), "INFLIGHT_START=" + strconv.FormatInt(start.UnixNano(), 10),
 							"INFLIGHT_SEED=" + strconv.Itoa(p)}, &reports[p]); err != nil {
 							errs[p] = fmt.Errorf("process %d: %w", p, err)
@@ -149,8 +154,12 @@ func runHelper(addrs string) error {
 		return err
 	}
 	ctx := context.Background()
-	time.Sleep(time.Until(time.Unix(0, startNs))) // the fleet starts together
-	stop := time.Now().Add(helperRun)
+	// The fleet starts and stops together. A process that starts late,
+	// on a loaded machine, still stops with the rest: the others' waiting
+	// workers fill the slots it does not take.
+	start := time.Unix(0, startNs)
+	time.Sleep(time.Until(start))
+	stop := start.Add(helperRun)
 	var mu sync.Mutex
 	var rep report
 	var wg sync.WaitGroup
