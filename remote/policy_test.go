@@ -94,12 +94,59 @@ func TestFleetHeartbeatsEverywhere(t *testing.T) {
 			if n, _ := f.Heartbeat(ctx, "", name, "a", expiry); n != 2 {
 				t.Fatalf("after Leave(c): %d members, want 2", n)
 			}
-			be.advance(expiry + 50*time.Millisecond) // b falls silent
+			for range 5 { // b falls silent while a beats every quarter expiry
+				be.advance(expiry / 4)
+				_, err := f.Heartbeat(ctx, "", name, "a", expiry)
+				require.NoError(t, err)
+			}
 			if n, _ := f.Heartbeat(ctx, "", name, "a", expiry); n != 1 {
 				t.Fatalf("after b's expiry: %d members, want 1", n)
 			}
 			if _, err := f.Heartbeat(ctx, "", name, "", expiry); !errors.Is(err, ErrInvalidKey) {
 				t.Fatalf("Heartbeat(empty member) = %v, want ErrInvalidKey", err)
+			}
+		})
+	}
+}
+
+// TestFleetCountSurvivesAStall: when no member was heard from for longer
+// than the expiry (the store paused or cut off from the whole fleet), the
+// heartbeats that land after it still count every member, in whatever
+// order they land; a member that stays silent afterwards still expires,
+// as does one silent before the stall. Every backend.
+func TestFleetCountSurvivesAStall(t *testing.T) {
+	ctx := context.Background()
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			f := be.store.(Fleet)
+			name := "stall-" + be.name + time.Now().Format("150405.000000")
+			const expiry = 200 * time.Millisecond
+			beat := func(m string) int {
+				t.Helper()
+				n, err := f.Heartbeat(ctx, "", name, m, expiry)
+				require.NoError(t, err)
+				return n
+			}
+			for _, m := range []string{"gone", "a", "b", "c"} {
+				beat(m)
+			}
+			be.advance(expiry / 4) // "gone" stops beating
+			for _, m := range []string{"a", "b", "c"} {
+				beat(m)
+			}
+			be.advance(3 * expiry / 2) // nobody is heard from: a stall
+			for i, m := range []string{"c", "a", "b"} {
+				if n := beat(m); n != 4 {
+					t.Fatalf("heartbeat %d after the stall (%s) counted %d, want 4 (a, b, c and gone, not yet expired)", i+1, m, n)
+				}
+			}
+			for range 4 { // b falls silent; a and c beat every quarter expiry
+				be.advance(expiry / 4)
+				beat("a")
+				beat("c")
+			}
+			if n := beat("a"); n != 2 {
+				t.Fatalf("after b's and gone's expiry: %d members, want 2", n)
 			}
 		})
 	}

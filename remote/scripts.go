@@ -418,11 +418,27 @@ var bucketScript = redis.NewScript(bucketLua)
 // heartbeatLua keeps a sorted set of members scored by Redis TIME in ms.
 // KEYS[1] the fleet key; ARGV[1] member; ARGV[2] expiry in ms.
 // Reply: the number of members heard from within the expiry.
+//
+// A silence of the whole set longer than half the expiry (Redis paused or
+// cut off from every member; see silenceShift) moves every member's score
+// forward by the silence less half the expiry, so the heartbeats queued
+// behind it do not find their peers expired: the first to land would
+// otherwise count itself alone.
 var heartbeatLua = `
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expiry = tonumber(ARGV[2])
+local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if top[2] then
+  local shift = now - tonumber(top[2]) - math.floor(expiry / 2)
+  if shift > 0 then
+    local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+    for i = 1, #all, 2 do
+      redis.call('ZADD', KEYS[1], tonumber(all[i + 1]) + shift, all[i])
+    end
+  end
+end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - expiry)
 redis.call('PEXPIRE', KEYS[1], 2 * expiry)
