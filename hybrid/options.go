@@ -154,7 +154,10 @@ func WithLeaseTTL(d time.Duration) Option { return optionFunc(func(c *config) { 
 // says is alone takes a cold key's whole level, whose decay is only the
 // refill behind it (one process on 100 000 Zipf keys: close to the idle
 // floor, the benchmarks' hybrid+strict rows). A key at its limit, whose
-// bucket is in deficit, keeps its leases; a leased key's Allow reads the
+// bucket is in deficit, keeps its leases, and a process asking less than
+// the rate there is granted at most what it can spend before the grant's
+// line ends (see strictTail: more store calls, fewer tokens dropped); a
+// leased key's Allow reads the
 // clock (about 40 ns on the machine measured); Close and eviction drop
 // unspent tokens instead of giving them back.
 // Sliding windows and several limits keep their own leases, and a limiter
