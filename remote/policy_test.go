@@ -76,37 +76,48 @@ func TestPolicyRecordsEverywhere(t *testing.T) {
 	}
 }
 
-func TestFleetHeartbeatsEverywhere(t *testing.T) {
-	ctx := context.Background()
+// fleetExpiry is the heartbeat expiry of the fleet tests.
+const fleetExpiry = 200 * time.Millisecond
+
+// everyFleet runs fn on every backend's Fleet under a fresh policy name,
+// with beat, a heartbeat of member m at fleetExpiry returning the count.
+func everyFleet(t *testing.T, prefix string, fn func(t *testing.T, be backend, f Fleet, name string, beat func(m string) int)) {
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			f := be.store.(Fleet)
-			name := "fleet-" + be.name + time.Now().Format("150405.000000")
-			const expiry = 200 * time.Millisecond
-			for i, m := range []string{"a", "b", "c"} {
-				n, err := f.Heartbeat(ctx, "", name, m, expiry)
+			name := prefix + be.name + time.Now().Format("150405.000000")
+			fn(t, be, f, name, func(m string) int {
+				t.Helper()
+				n, err := f.Heartbeat(context.Background(), "", name, m, fleetExpiry)
 				require.NoError(t, err)
-				if n != i+1 {
-					t.Fatalf("Heartbeat(%s) = %d, want %d", m, n, i+1)
-				}
-			}
-			require.NoError(t, f.Leave(ctx, "", name, "c"))
-			if n, _ := f.Heartbeat(ctx, "", name, "a", expiry); n != 2 {
-				t.Fatalf("after Leave(c): %d members, want 2", n)
-			}
-			for range 5 { // b falls silent while a beats every quarter expiry
-				be.advance(expiry / 4)
-				_, err := f.Heartbeat(ctx, "", name, "a", expiry)
-				require.NoError(t, err)
-			}
-			if n, _ := f.Heartbeat(ctx, "", name, "a", expiry); n != 1 {
-				t.Fatalf("after b's expiry: %d members, want 1", n)
-			}
-			if _, err := f.Heartbeat(ctx, "", name, "", expiry); !errors.Is(err, ErrInvalidKey) {
-				t.Fatalf("Heartbeat(empty member) = %v, want ErrInvalidKey", err)
-			}
+				return n
+			})
 		})
 	}
+}
+
+func TestFleetHeartbeatsEverywhere(t *testing.T) {
+	everyFleet(t, "fleet-", func(t *testing.T, be backend, f Fleet, name string, beat func(string) int) {
+		for i, m := range []string{"a", "b", "c"} {
+			if n := beat(m); n != i+1 {
+				t.Fatalf("Heartbeat(%s) = %d, want %d", m, n, i+1)
+			}
+		}
+		require.NoError(t, f.Leave(context.Background(), "", name, "c"))
+		if n := beat("a"); n != 2 {
+			t.Fatalf("after Leave(c): %d members, want 2", n)
+		}
+		for range 5 { // b falls silent while a beats every quarter expiry
+			be.advance(fleetExpiry / 4)
+			beat("a")
+		}
+		if n := beat("a"); n != 1 {
+			t.Fatalf("after b's expiry: %d members, want 1", n)
+		}
+		if _, err := f.Heartbeat(context.Background(), "", name, "", fleetExpiry); !errors.Is(err, ErrInvalidKey) {
+			t.Fatalf("Heartbeat(empty member) = %v, want ErrInvalidKey", err)
+		}
+	})
 }
 
 // TestFleetCountSurvivesAStall: when no member was heard from for longer
@@ -115,41 +126,29 @@ func TestFleetHeartbeatsEverywhere(t *testing.T) {
 // order they land; a member that stays silent afterwards still expires,
 // as does one silent before the stall. Every backend.
 func TestFleetCountSurvivesAStall(t *testing.T) {
-	ctx := context.Background()
-	for _, be := range backends(t) {
-		t.Run(be.name, func(t *testing.T) {
-			f := be.store.(Fleet)
-			name := "stall-" + be.name + time.Now().Format("150405.000000")
-			const expiry = 200 * time.Millisecond
-			beat := func(m string) int {
-				t.Helper()
-				n, err := f.Heartbeat(ctx, "", name, m, expiry)
-				require.NoError(t, err)
-				return n
+	everyFleet(t, "stall-", func(t *testing.T, be backend, _ Fleet, _ string, beat func(string) int) {
+		for _, m := range []string{"gone", "a", "b", "c"} {
+			beat(m)
+		}
+		be.advance(fleetExpiry / 4) // "gone" stops beating
+		for _, m := range []string{"a", "b", "c"} {
+			beat(m)
+		}
+		be.advance(3 * fleetExpiry / 2) // nobody is heard from: a stall
+		for i, m := range []string{"c", "a", "b"} {
+			if n := beat(m); n != 4 {
+				t.Fatalf("heartbeat %d after the stall (%s) counted %d, want 4 (a, b, c and gone, not yet expired)", i+1, m, n)
 			}
-			for _, m := range []string{"gone", "a", "b", "c"} {
-				beat(m)
-			}
-			be.advance(expiry / 4) // "gone" stops beating
-			for _, m := range []string{"a", "b", "c"} {
-				beat(m)
-			}
-			be.advance(3 * expiry / 2) // nobody is heard from: a stall
-			for i, m := range []string{"c", "a", "b"} {
-				if n := beat(m); n != 4 {
-					t.Fatalf("heartbeat %d after the stall (%s) counted %d, want 4 (a, b, c and gone, not yet expired)", i+1, m, n)
-				}
-			}
-			for range 4 { // b falls silent; a and c beat every quarter expiry
-				be.advance(expiry / 4)
-				beat("a")
-				beat("c")
-			}
-			if n := beat("a"); n != 2 {
-				t.Fatalf("after b's and gone's expiry: %d members, want 2", n)
-			}
-		})
-	}
+		}
+		for range 4 { // b falls silent; a and c beat every quarter expiry
+			be.advance(fleetExpiry / 4)
+			beat("a")
+			beat("c")
+		}
+		if n := beat("a"); n != 2 {
+			t.Fatalf("after b's and gone's expiry: %d members, want 2", n)
+		}
+	})
 }
 
 // TestShapedPolicyRecord stores a policy with windows, a second limit and
