@@ -308,6 +308,11 @@ func (e *entry) busy(now mono) bool {
 		e.answer.emptyUntil.Load() > now || e.held() != nil
 }
 
+// use is the key's demand in this process as a share of lim's rate.
+func (e *entry) use(lim Limit) float64 {
+	return float64(e.demand.rate) * lim.Period.Seconds() / float64(max(lim.Rate, 1))
+}
+
 // demand estimates a key's token demand per second: a fast-attack,
 // slow-decay average over samples at least minSample apart.
 type demand struct {

@@ -379,20 +379,19 @@ func (ls *leaser) contendedShare(e *entry, p *policyState, now mono) int64 {
 	if level := e.answer.level.Load(); e.reserved() == 0 && (level < 0 || level >= p.tier(e).maxLease) {
 		return 0
 	}
-	if ls.alone(now) {
-		return p.tier(e).limits[0].TokensIn(ls.cfg.maxDelay * 4 / 5)
-	}
-	n := int64(max(ls.outage.size(), 1))
 	lim := p.tier(e).limits[0]
-	share := lim.TokensIn(ls.cfg.maxDelay/2) / n
+	if ls.alone(now) {
+		return lim.TokensIn(ls.cfg.maxDelay * 4 / 5)
+	}
+	share := lim.TokensIn(ls.cfg.maxDelay/2) / int64(max(ls.outage.size(), 1))
 	if ls.strict(p) {
-		share = min(share, strictTail(lim, float64(e.demand.rate)))
+		share = min(share, strictTail(lim, e.use(lim)))
 	}
 	return share
 }
 
 // strictTail caps a future-dated grant under WithStrictWindows for a
-// process asking demand tokens a second. The grant's tokens fall due at
+// process asking u of lim's rate (entry.use). The grant's tokens fall due at
 // the bucket's rate, and its line ends Burst/Rate after the last of them
 // (see lifetime); a process spending at u = demand/Rate < 1 of the rate
 // still holds g·(1 − u) of a grant of g then, and spends u·Burst before
@@ -402,8 +401,7 @@ func (ls *leaser) contendedShare(e *entry, p *policyState, now mono) int64 {
 // the break-even, 0.2–0.3% at half, for 1.8× the store calls
 // (TestStrictGrantsFitTheirLines). A process asking the rate or more
 // spends as fast as the tokens fall due: no cap.
-func strictTail(lim Limit, demand float64) int64 {
-	u := demand * lim.Period.Seconds() / float64(max(lim.Rate, 1))
+func strictTail(lim Limit, u float64) int64 {
 	if u >= 1 {
 		return math.MaxInt64
 	}
@@ -578,8 +576,7 @@ func (ls *leaser) deposit(e *entry, n int64, until, now mono) {
 	step := max(tokenStep(lim), 1) + 1
 	e.mu.Lock() // the lease's writers are serialized
 	// The key's demand here against the rate its lines fall at.
-	use := float64(e.demand.rate) * lim.Period.Seconds() / float64(max(lim.Rate, 1))
-	ok, expired := e.lease.AddDecaying(n, int64(until), int64(now), step, use)
+	ok, expired := e.lease.AddDecaying(n, int64(until), int64(now), step, e.use(lim))
 	if ok {
 		e.inflow.Add(n - expired)
 	}
