@@ -144,7 +144,7 @@ func (l *Limiter) refund(p *policyState, e *entry, key string, tier uint16, n in
 // then its grant, the rest as a debit to the bucket.
 func (l *Limiter) chargeExtra(p *policyState, e *entry, key string, tier uint16, n int64) {
 	if e != nil {
-		n -= l.takeUpTo(e, n, l.cfg.spendAt())
+		n -= l.takeUpTo(e, n, l.spendAt())
 		if h := e.held(); h != nil && n > 0 {
 			n -= h.takeUpTo(l.cfg.now(), n)
 		}

@@ -39,7 +39,7 @@ func TestChargeSettle(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			w := newFakeWorld()
-			l := w.limiter(t, Policy{Name: "settle", Limit: lim})
+			l := w.limiter(t, Policy{Name: "settle", Limit: lim}, lenient)
 			ctx := context.Background()
 			if tc.prime > 0 {
 				ch, err := l.ChargeN(ctx, "k", tc.prime)

@@ -21,13 +21,13 @@ const maxStoreRounds = 3
 
 // Allow reports whether one request on key may proceed now. It is
 // shorthand for AllowN(ctx, key, 1).Allowed, without building a Decision:
-// on a key with leased tokens it allocates nothing and reads no clock
-// (but for WithStrictWindows).
+// on a key with leased tokens it allocates nothing, and reads the clock
+// only for a token bucket's decaying lease (WithStrictWindows).
 // Invalid keys are rejected (AllowN says why).
 func (l *Limiter) Allow(ctx context.Context, key string) bool {
 	// leased, inlined by hand: the call costs BenchmarkAllow about 10%.
 	if e := l.keys.entries.load(key); e != nil && (l.cfg.tierOf == nil || l.inTier(e, key)) {
-		if ok, low, _ := e.spend(1, l.cfg.spendAt(), &l.stats.tokensExpired); ok {
+		if ok, low, _ := e.spend(1, l.spendAt(), &l.stats.tokensExpired); ok {
 			if low {
 				l.leaser.refillAsync(e)
 			}
@@ -53,7 +53,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 // (remote.ErrCorruptState).
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
 	if n > 0 {
-		e, ok, left := l.leased(key, n, l.cfg.spendAt())
+		e, ok, left := l.leased(key, n, l.spendAt())
 		if ok {
 			t, now := l.policy.load().tier(e), l.cfg.now()
 			return Decision{Allowed: true, Limit: t.limits[0], Remaining: e.answer.remaining(t.est, left, now),
@@ -123,6 +123,17 @@ func (l *Limiter) tierIndex(p *policyState, key string) uint16 {
 		return 0
 	}
 	return p.tierOf(l.cfg.tierOf(key))
+}
+
+// spendAt is the time a leased decision spends at (config.spendAt) under
+// the policy in force: the leases of sliding windows and several limits
+// keep their tokens (see leaser.strict), so their decisions read no clock
+// (55 ns against 21 for one that does, BenchmarkAllow policy=window).
+func (l *Limiter) spendAt() mono {
+	if l.cfg.strict && !l.policy.load().shaped {
+		return l.cfg.now()
+	}
+	return noExpiry
 }
 
 // Wait blocks until one request on key is admitted or ctx ends. It is

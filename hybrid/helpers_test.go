@@ -17,6 +17,11 @@ var t0 = time.Unix(1_700_000_000, 0)
 // quiet drops mode-change logs in tests.
 var quiet = WithLogger(slog.New(slog.DiscardHandler))
 
+// lenient pins leases that keep their tokens until their TTL, for tests of
+// what that mode does (sizing by demand, tokens given back whole, charges
+// refunded into the lease); the default's leases decay.
+var lenient = WithStrictWindows(false)
+
 // fakeWorld is a MemoryStore and every limiter on one manual clock.
 type fakeWorld struct {
 	clk   *clock.Manual

@@ -493,7 +493,11 @@ func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, waiters i
 		e.misses.Add(-hand)
 		e.inflow.Add(hand)
 		if rest := res.Granted - hand; rest > 0 {
-			ls.deposit(e, rest, ls.lifetime(res, start), now)
+			var from storeMicros // a bucket that keeps grants takes no conditional return
+			if res.Holders == 0 {
+				from = storeTime(res.Now.Add(res.ResetAfter))
+			}
+			ls.depositFrom(e, rest, ls.lifetime(res, start), now, from)
 		}
 		return fetchOutcome{deposited: true, handout: hand, at: now}
 	}
@@ -559,7 +563,13 @@ func (ls *leaser) strict(p *policyState) bool { return ls.cfg.strict && !p.shape
 // WithStrictWindows, else given back when the lease expires (TTL from
 // now); if e was closed meanwhile (eviction, Close) they can no longer be
 // spent.
-func (ls *leaser) deposit(e *entry, n int64, until, now mono) {
+func (ls *leaser) deposit(e *entry, n int64, until, now mono) { ls.depositFrom(e, n, until, now, 0) }
+
+// depositFrom is deposit for tokens of the grant that left the bucket full
+// at from (its reply's Now plus ResetAfter; 0 for tokens that can only
+// lapse), which release may give back under WithStrictWindows while they
+// are the lease's only tokens.
+func (ls *leaser) depositFrom(e *entry, n int64, until, now mono, from storeMicros) {
 	ls.stats.tokensLeased.Add(n)
 	p := ls.policy.load()
 	if !ls.strict(p) {
@@ -576,9 +586,13 @@ func (ls *leaser) deposit(e *entry, n int64, until, now mono) {
 	step := max(tokenStep(lim), 1) + 1
 	e.mu.Lock() // the lease's writers are serialized
 	// The key's demand here against the rate its lines fall at.
-	ok, expired := e.lease.AddDecaying(n, int64(until), int64(now), step, e.use(lim))
+	ok, expired, alone := e.lease.AddDecaying(n, int64(until), int64(now), step, e.use(lim))
 	if ok {
 		e.inflow.Add(n - expired)
+		if !alone {
+			from = 0
+		}
+		e.setTakeFullAt(from, mono(e.lease.Expiry()), storeTime(ls.cfg.epoch))
 	}
 	e.mu.Unlock()
 	ls.stats.tokensExpired.Add(expired)
@@ -663,11 +677,17 @@ func (ls *leaser) release(p *policyState, e *entry) []reconcile.Item {
 	ls.stopDrain(e)
 	var out []reconcile.Item
 	e.mu.Lock()
+	from, last := e.takeFullAt(storeTime(ls.cfg.epoch))
+	live := mono(e.lease.Expiry()) > ls.cfg.now()
 	n := e.lease.Close()
 	e.mu.Unlock()
 	if n > 0 {
 		e.inflow.Add(-n)
-		out = append(out, ls.settleUnspent(p, e, n)...)
+		if ls.strict(p) && last && live {
+			out = append(out, ls.returnIfLast(p, e, n, from))
+		} else {
+			out = append(out, ls.settleUnspent(p, e, n)...)
+		}
 	}
 	if n := ls.pace.cancel(e); n > 0 {
 		out = append(out, ls.settleUnspent(p, e, n)...)
@@ -711,6 +731,26 @@ func (ls *leaser) cut(p *policyState, e *entry, keep int64) []reconcile.Item {
 		return ls.settleUnspent(p, e, n)
 	}
 	return nil
+}
+
+// returnIfLast is the settlement that gives back, under WithStrictWindows,
+// the n unspent tokens of the one grant e's lease held (Close, eviction),
+// if the grant that left the bucket full at from is still the bucket's
+// last take when the return lands: the store then takes them back
+// (remote.Request.FullAt), else they lapse (Stats.TokensExpired).
+//
+// Why this keeps the bound of every window (see lifetime): what the
+// bucket and the grants after some grant E hold is at most what E left
+// plus refill, because each of them came out of the bucket; a return of
+// one of those grants' unspent tokens only moves tokens back, and E's own
+// line still bounds E. A return of a grant older than E would add what E's
+// line does not count, so a grant some process took after is never given
+// back to. Tokens of a line already ended have nothing to give: the bucket
+// is full behind them.
+func (ls *leaser) returnIfLast(p *policyState, e *entry, n int64, from storeMicros) reconcile.Item {
+	it := ls.returnItem(p, e, n)
+	it.Req.FullAt = from.time()
+	return it
 }
 
 // returnItem is the settlement that gives n of e's tokens back to its

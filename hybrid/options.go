@@ -51,6 +51,7 @@ func buildConfig(opts []Option) (config, error) {
 	c := config{
 		prefix:       remote.DefaultPrefix,
 		leaseTTL:     time.Second,
+		strict:       true, // WithStrictWindows
 		horizon:      100 * time.Millisecond,
 		maxFraction:  0.1,
 		storeTimeout: 50 * time.Millisecond,
@@ -130,41 +131,50 @@ func WithTier(tierOf func(key string) string) Option {
 
 // WithLeaseTTL sets how long leased tokens may sit unspent before they are
 // given back. Shorter returns tokens sooner; longer saves store calls on
-// bursty keys. The default is 1 s.
+// bursty keys. The default is 1 s. Under WithStrictWindows (the default) a
+// token bucket's lease ends with its line instead; the TTL then bounds the
+// leases of sliding windows and several limits, and how far ahead a grant
+// may be future-dated (half of it, see WithMaxReservation).
 func WithLeaseTTL(d time.Duration) Option { return optionFunc(func(c *config) { c.leaseTTL = d }) }
 
 // WithStrictWindows sets whether the bound holds in every window of time,
-// not only over the fleet's admissions from the start. By default a window
-// that starts later can also see tokens processes leased before it (at
-// most what they held then: README, "What it promises"), because the
-// bucket refills behind leased tokens while they wait to be spent.
-//
-// With it on, a token bucket's lease holds its tokens while the bucket, as
+// not only over the fleet's admissions from the start. It is on by
+// default: a token bucket's lease holds its tokens while the bucket, as
 // the grant left it, refills to the level the grant came from, then loses
-// a token per token of refill, and its decayed tokens are dropped rather
-// than given back (see leaser.lifetime for why that holds whoever holds
-// what). The tokens a call brings for the callers waiting on it are
-// theirs at once. A key below its limit has a near-full bucket, whose
-// leases decay about as soon as they are granted; a process in company
-// takes a spare from a bucket at least half full (half an even part of
-// its level, at most a maximum lease), so that each grant holds a little
-// longer than the last (4 limiters at half the limit of
-// a 100/s key: 0.22 store calls per decision, against 0.47 without the
-// option; TestKeySpreadBelowItsLimit), and a process the fleet count
-// says is alone takes a cold key's whole level, whose decay is only the
-// refill behind it (one process on 100 000 Zipf keys: close to the idle
-// floor, the benchmarks' hybrid+strict rows). A key at its limit, whose
-// bucket is in deficit, keeps its leases, and a process asking less than
-// the rate there is granted at most what it can spend before the grant's
-// line ends (see strictTail: more store calls, fewer tokens dropped); a
-// leased key's Allow reads the
-// clock (about 40 ns on the machine measured); Close and eviction drop
-// unspent tokens instead of giving them back.
+// a token per token of refill (see leaser.lifetime for why that holds
+// whoever holds what). The tokens a call brings for the callers waiting
+// on it are theirs at once. A key below its limit has a near-full bucket,
+// whose leases decay about as soon as they are granted; a process in
+// company takes a spare from a bucket at least half full (half an even
+// part of its level, at most a maximum lease), so that each grant holds a
+// little longer than the last (4 limiters at half the limit of a 100/s
+// key: 0.22 store calls per decision, against 0.47 with the option off;
+// TestKeySpreadBelowItsLimit), and a process the fleet count says is
+// alone takes a cold key's whole level, whose decay is only the refill
+// behind it (one process on 100 000 Zipf keys: close to the idle floor,
+// the benchmarks' hybrid+strict rows). A key at its limit, whose bucket
+// is in deficit, keeps its leases, and a process asking less than the
+// rate there is granted at most what it can spend before the grant's line
+// ends (see strictTail: more store calls, fewer tokens dropped).
+//
+// What it costs: a leased key's Allow reads the clock (54.5 ns against
+// 21 serial on the machine measured, BenchmarkAllow); a lease from a near-full bucket lasts about its
+// refill, not the lease TTL, so it carries no process through a stalled
+// Redis (the decision that finds it dry waits the store timeout before
+// the degraded share decides); and unspent tokens are dropped when their
+// line ends, and at Close and eviction unless their grant is still the
+// bucket's last take (then they go back: remote.Request.FullAt).
+//
+// Off, a lease keeps its tokens until its TTL and gives back what is
+// left, and a window that starts later can also see tokens processes
+// leased before it (at most what they held then: README, "What it
+// promises"), because the bucket refills behind leased tokens while they
+// wait to be spent.
 // Sliding windows and several limits keep their own leases, and a limiter
 // over a region's store (remote/tiered, found through wrappers that have
 // an Unwrap method) keeps the bound from the start only: the region's
 // pools hold the parent's tokens for their TTL, so its bucket refills
-// behind them whatever the leases do. The default is false.
+// behind them whatever the leases do.
 func WithStrictWindows(on bool) Option { return optionFunc(func(c *config) { c.strict = on }) }
 
 // regional reports whether s, or a store it wraps (through Unwrap, as

@@ -68,7 +68,7 @@ func (l *Limiter) ReserveN(ctx context.Context, key string, n int64) (*Reservati
 		return nil, err
 	}
 	r := &Reservation{l: l, key: key, tier: tier, n: n, at: l.cfg.clk.Now()}
-	e, ok, _ := l.leased(key, n, l.cfg.spendAt())
+	e, ok, _ := l.leased(key, n, l.spendAt())
 	if !ok && e != nil {
 		ok, _ = l.leaser.spendDue(e, n, l.cfg.now())
 	}

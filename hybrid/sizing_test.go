@@ -11,14 +11,16 @@ import (
 // TestLeaseSizeFollowsDemand: a key seeing 1 request per second leases one
 // token per store call (a classic limiter); a key back every 250 ms keeps a
 // token for its next decision; a key seeing 100 000 per second leases
-// hundreds or more per call, never above 10% of Burst.
+// hundreds or more per call, never above 10% of Burst. Leases that keep
+// their tokens (WithStrictWindows(false)); decaying ones are sized by what
+// the bucket holds (TestKeySpreadBelowItsLimit, TestLoneProcess...).
 func TestLeaseSizeFollowsDemand(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	lim := Limit{Rate: 1_000_000, Period: time.Second, Burst: 100_000}
 
 	w := newFakeWorld()
-	slow := w.limiter(t, Policy{Name: "slow", Limit: lim})
+	slow := w.limiter(t, Policy{Name: "slow", Limit: lim}, lenient)
 	for i := 0; i < 20; i++ {
 		if !slow.Allow(ctx, "k") {
 			t.Fatalf("request %d rejected", i)
@@ -35,7 +37,7 @@ func TestLeaseSizeFollowsDemand(t *testing.T) {
 	// so about half of them are store calls, and nothing goes back while
 	// it keeps coming.
 	w3 := newFakeWorld()
-	warm := w3.limiter(t, Policy{Name: "warm", Limit: Limit{Rate: 10, Period: time.Second, Burst: 10}})
+	warm := w3.limiter(t, Policy{Name: "warm", Limit: Limit{Rate: 10, Period: time.Second, Burst: 10}}, lenient)
 	for i := 0; i < 40; i++ {
 		if !warm.Allow(ctx, "k") {
 			t.Fatalf("request %d rejected", i)
@@ -47,7 +49,7 @@ func TestLeaseSizeFollowsDemand(t *testing.T) {
 	}
 
 	w2 := newFakeWorld()
-	hot := w2.limiter(t, Policy{Name: "hot", Limit: lim})
+	hot := w2.limiter(t, Policy{Name: "hot", Limit: lim}, lenient)
 	for step := 0; step < 500; step++ { // 100 requests per ms for 0.5 s
 		for i := 0; i < 100; i++ {
 			hot.Allow(ctx, "k")

@@ -3,6 +3,7 @@ package hybrid
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -140,25 +141,47 @@ func TestEdgeOfLaterWindows(t *testing.T) {
 	fast := Limit{Rate: 200, Period: time.Second, Burst: 50}
 	small := Limit{Rate: 10, Period: time.Second, Burst: 10}
 	for _, tc := range []struct {
-		strict bool
-		n      int
-		lim    Limit
+		strict  bool
+		n       int
+		lim     Limit
+		restart bool // each limiter admits at most 20, then closes and a new one takes its place
 	}{
-		{false, 1, fast}, {false, 4, fast},
-		{true, 1, fast}, {true, 2, fast}, {true, 4, fast}, {true, 8, fast}, {true, 8, small},
+		{false, 1, fast, false}, {false, 4, fast, false},
+		{true, 1, fast, false}, {true, 2, fast, false}, {true, 4, fast, false}, {true, 8, fast, false}, {true, 8, small, false},
+		{true, 1, fast, true}, {true, 4, fast, true},
 	} {
 		name := fmt.Sprintf("strict=%v/limiters=%d/%v", tc.strict, tc.n, tc.lim)
+		if tc.restart {
+			name += "/restarts"
+		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel() // mostly pauses; each case its own policy
-			lims := newFleet(t, tc.n, runPolicy("edge", tc.lim), standaloneDial, WithStrictWindows(tc.strict))
-			adm := burstsAndPauses(lims, "edge-key", 5, 350*time.Millisecond)
+			p, opts := runPolicy("edge", tc.lim), []Option{WithStrictWindows(tc.strict)}
+			lims := newFleet(t, tc.n, p, standaloneDial, opts...)
+			all := slices.Clone(lims)
+			most, after := 1000, func(int, *Limiter) *Limiter { return nil }
+			if tc.restart {
+				// Close gives a lease's unspent tokens back when its grant
+				// is the bucket's last take: no window may see them twice.
+				most = 20
+				after = func(_ int, l *Limiter) *Limiter {
+					require.NoError(t, l.Close(context.Background()))
+					next := newFleet(t, 1, p, standaloneDial, opts...)[0]
+					all = append(all, next)
+					return next
+				}
+			}
+			adm := burstsAndPauses(lims, "edge-key", 5, 350*time.Millisecond, most, after)
 			later, _, at := worstWindow(adm, tc.lim, adm[0].asked)
 			if over := overFromStart(adm, tc.lim); over > 0 {
 				t.Fatalf("%d over Burst + Rate·t from the start", over)
 			}
-			s := fleetStats(lims)
-			t.Logf("%s: %d admitted, %d store calls, %d leased tokens expired; worst window %+d tokens against Burst + Rate·w (at %v)",
-				name, len(adm), s.StoreCalls, s.TokensExpired, later, at.Round(time.Millisecond))
+			s := fleetStats(all)
+			t.Logf("%s: %d admitted, %d store calls, %d leased tokens expired, %d returned; worst window %+d tokens against Burst + Rate·w (at %v)",
+				name, len(adm), s.StoreCalls, s.TokensExpired, s.TokensReturned, later, at.Round(time.Millisecond))
+			if tc.restart && s.TokensReturned == 0 {
+				t.Fatal("no limiter gave tokens back at Close: the case proves nothing")
+			}
 			if tc.strict && later > 0 {
 				t.Fatalf("a window admitted %d more than Burst + Rate·w under WithStrictWindows", later)
 			}
@@ -166,20 +189,66 @@ func TestEdgeOfLaterWindows(t *testing.T) {
 	}
 }
 
-// burstsAndPauses has each limiter in turn admit on key until refused,
-// then pauses, rounds times, and returns every admission.
-func burstsAndPauses(lims []*Limiter, key string, rounds int, pause time.Duration) []admission {
+// TestCloseReturnKeepsEveryWindow: a lease's tokens given back at Close
+// under a grant someone took after would refill the bucket under that
+// grant's hold. A (alone) leases a full bucket of 10 at 10/s; 500 ms
+// later B leases the 5 refilled, which it holds while the bucket refills
+// back to 5; A closes. With A's 9 unspent tokens given back, B's 4 left
+// and a third limiter's drain of the bucket at 450 ms made a window 4
+// over Burst + Rate·w (16 admitted; measured with the return made
+// unconditional); they lapse, and the worst window is 2 under.
+func TestCloseReturnKeepsEveryWindow(t *testing.T) {
+	t.Parallel()
+	lim := Limit{Rate: 10, Period: time.Second, Burst: 10}
+	p := runPolicy("close-window", lim)
+	lims := newFleet(t, 3, p, standaloneDial, WithFleetSize(1))
+	a, b, c := lims[0], lims[1], lims[2]
+	ctx := context.Background()
+	var adm []admission
+	admit := func(l *Limiter, most int) {
+		for range most {
+			asked := time.Now()
+			if d, err := l.AllowN(ctx, "k", 1); err != nil || !d.Allowed {
+				return
+			}
+			adm = append(adm, admission{asked, time.Now()})
+		}
+	}
+	admit(a, 1)
+	time.Sleep(500 * time.Millisecond)
+	admit(b, 1)
+	took := time.Now()
+	require.NoError(t, a.Close(ctx))
+	time.Sleep(time.Until(took.Add(450 * time.Millisecond)))
+	admit(b, 100)
+	admit(c, 100)
+	worst, _, at := worstWindow(adm, lim, adm[0].asked)
+	t.Logf("%d admitted; A gave back %d, dropped %d; worst window %+d against Burst + Rate·w (at %v)",
+		len(adm), a.Stats().TokensReturned, a.Stats().TokensExpired, worst, at.Round(time.Millisecond))
+	require.Positive(t, a.Stats().TokensExpired, "A closed holding nothing: the case proves nothing")
+	require.Zero(t, a.Stats().TokensReturned, "A's tokens went back under B's grant")
+	require.LessOrEqual(t, worst, int64(0), "a window over Burst + Rate·w")
+}
+
+// burstsAndPauses has each limiter in turn admit on key until refused (at
+// most most times), then hands it to after, which may put another in its
+// place (nil: none); then pauses, rounds times, and returns every
+// admission.
+func burstsAndPauses(lims []*Limiter, key string, rounds int, pause time.Duration, most int, after func(i int, l *Limiter) *Limiter) []admission {
 	ctx := context.Background()
 	var adm []admission
 	for range rounds {
-		for _, l := range lims {
-			for range 1000 {
+		for i, l := range lims {
+			for range most {
 				asked := time.Now()
 				d, err := l.AllowN(ctx, key, 1)
 				if err != nil || !d.Allowed {
 					break
 				}
 				adm = append(adm, admission{asked, time.Now()})
+			}
+			if next := after(i, l); next != nil {
+				lims[i] = next
 			}
 		}
 		time.Sleep(pause) // the leases sit idle
@@ -337,7 +406,7 @@ func TestLoneProcessReservesFourFifths(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newFakeWorld()
-			l := w.limiter(t, Policy{Name: "share", Limit: lim}, WithFleetSize(tc.fleet))
+			l := w.limiter(t, Policy{Name: "share", Limit: lim}, WithFleetSize(tc.fleet), lenient)
 			ctx := context.Background()
 			for range 40 {
 				if l.Stats().TokensReserved > 0 {

@@ -29,11 +29,14 @@ type Stats struct {
 	// share covers, so they are neither spent nor given back.
 	TokensDropped int64
 	// TokensExpired counts leased tokens of a token bucket that decayed
-	// unspent under WithStrictWindows (their bucket refilled behind them)
-	// or were dropped at Close or eviction, and tokens a store call
-	// brought for callers that had stopped waiting (a caller's store
-	// timeout): given back, they could let the bucket refill past Burst
-	// under leases others still hold.
+	// unspent under WithStrictWindows, the default (their bucket refilled
+	// behind them, so they are not lost to the fleet: a process alone
+	// leases a cold key's whole level, most of which decays as the bucket
+	// refills), tokens dropped at Close or eviction because someone took
+	// from the bucket after their grant, and tokens a store call brought
+	// for callers that had stopped waiting (a caller's store timeout):
+	// given back, they could let the bucket refill past Burst under
+	// leases others still hold.
 	TokensExpired int64
 	// TokensDebited counts tokens admitted during outages and charged to
 	// the store afterwards.

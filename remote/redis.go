@@ -362,7 +362,7 @@ func (c *argCache) limit(m exact.Micros, maxDelay int64) *[4]any {
 type bucketCall struct {
 	scriptCall
 	keyRoom [2]string
-	cmdRoom [5 + 19]any // the head, 11 arguments (16 for a grant), 8 more for a debit with a mark
+	cmdRoom [5 + 20]any // the head, 11 arguments (16 for a grant), 8 more for a debit with a mark, 9 for a return with FullAt
 }
 
 // newBucketCall returns a call of the bucket script on r's bucket and
@@ -391,6 +391,10 @@ func (c *argCache) scriptArgs(op Op, r *Request) (*scriptCall, error) {
 		if op == OpDebit && r.Mark.Born != 0 {
 			// The grant arguments (12–16) are unused by a debit.
 			call.cmd = append(call.cmd, "", 0, 0, 0, 0, r.Spent, r.Mark.Born, r.Mark.Spill)
+		}
+		if op == OpReturn && !r.FullAt.IsZero() {
+			// Arguments 12–19 are unused by a return.
+			call.cmd = append(call.cmd, "", 0, 0, 0, 0, 0, 0, 0, r.FullAt.UnixMicro())
 		}
 		return &call.scriptCall, nil
 	}

@@ -40,6 +40,10 @@ const luaPrelude = lua.Prelude
 // ARGV[17] spent: every token admitted without the store since the mark (debit)
 // ARGV[18] mark born, ARGV[19] mark spill: the caller's Result.Mark
 // (debit; absent or born 0: charge n)
+// ARGV[20] fullat: µs of Redis TIME the bucket is full at as the caller's
+// grant left it (return; absent or 0: give back unconditionally). A return
+// with it gives back only to a bucket without grants whose time to full
+// is still fullat, and replies with the tokens it took back as granted.
 // KEYS[2]  the bucket's capacity grants, prefix{policy:key}:grants
 //
 // Capacity grants (see grants.go): a grant is a share s of the bucket's
@@ -111,6 +115,7 @@ local gburst = tonumber(ARGV[16] or '0')
 local spent = tonumber(ARGV[17] or '0')
 local markborn = tonumber(ARGV[18] or '0')
 local markspill = tonumber(ARGV[19] or '0')
+local fullat = tonumber(ARGV[20] or '0')
 local G = GRANT_UNITS
 local MAXSPILL = MAX_DEBT
 
@@ -300,9 +305,12 @@ if op == 'lease' then
   end
   s.level = s.level - granted
 elseif op == 'return' then
-  local _, B = gsum()
-  s.level = s.level + n
-  if s.level >= s.burst - B then s.level = s.burst - B; s.carry = 0; gfrac = 0 end
+  if fullat == 0 or (#grants == 0 and now + waitfor(s.level, s.burst) == fullat) then
+    local _, B = gsum()
+    s.level = s.level + n
+    if s.level >= s.burst - B then s.level = s.burst - B; s.carry = 0; gfrac = 0 end
+    if fullat ~= 0 then granted = n end
+  end
 elseif op == 'debit' then
   local charge = n
   if markborn ~= 0 and markborn == s.born and spent > 0 then

@@ -41,7 +41,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	seed := fl.Uint64("seed", 0, "random seed (0: each scenario's own)")
 	out := fl.String("out", "sim-out", "directory for plots")
 	list := fl.Bool("list", false, "list the default suite and exit")
-	strict := fl.Bool("strict-windows", false, "run every scenario with hybrid.WithStrictWindows (the bound in every window; see docs/how-it-works.md)")
+	strict := fl.Bool("strict-windows", false, "run every scenario with hybrid.WithStrictWindows, the library's default (the bound in every window; see docs/how-it-works.md); without it the simulator's limiters keep their leases' tokens")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}

@@ -138,7 +138,8 @@ type LimiterSpec struct {
 	MaxKeys        int     `json:"max_keys"`
 	// CapacityLeaseS is the term of capacity leases in seconds (0: off).
 	CapacityLeaseS float64 `json:"capacity_lease_s"`
-	// StrictWindows is hybrid.WithStrictWindows.
+	// StrictWindows is hybrid.WithStrictWindows, on by default in the
+	// library and off here unless set (or -strict-windows).
 	StrictWindows bool `json:"strict_windows"`
 }
 

@@ -187,8 +187,9 @@ func (c *Cell) cap(cur, now int64) int64 {
 
 // AddDecaying puts n granted tokens into the lease at now under a line
 // that reaches zero at end, falling a token per step, and returns the
-// tokens it dropped; it returns false, adding nothing, if the lease is
-// closed. Writers must be serialized by the owner; TakeDecaying may run
+// tokens it dropped and whether the new tokens are the only ones the
+// cell holds (it held none spendable, or dropped them); it returns false,
+// adding nothing, if the lease is closed. Writers must be serialized by the owner; TakeDecaying may run
 // concurrently.
 //
 // One line must hold the tokens still spendable and the new ones without
@@ -204,11 +205,11 @@ func (c *Cell) cap(cur, now int64) int64 {
 // the new alone under theirs, are worth more to an owner spending use
 // tokens per token the line falls (see worth), the others are dropped
 // instead; on a tie both are kept.
-func (c *Cell) AddDecaying(n, end, now, step int64, use float64) (ok bool, dropped int64) {
+func (c *Cell) AddDecaying(n, end, now, step int64, use float64) (ok bool, dropped int64, alone bool) {
 	for {
 		cur := c.tokens.Load()
 		if cur < 0 {
-			return false, dropped
+			return false, dropped, false
 		}
 		eff, line, add := c.cap(cur, now), end, n
 		if c.step.Load() != stepBits(step) {
@@ -240,13 +241,13 @@ func (c *Cell) AddDecaying(n, end, now, step int64, use float64) (ok bool, dropp
 		for add > 0 {
 			cur := c.tokens.Load()
 			if cur < 0 {
-				return false, dropped
+				return false, dropped, false
 			}
 			if c.tokens.CompareAndSwap(cur, cur+add) {
 				break
 			}
 		}
-		return true, dropped
+		return true, dropped, eff == 0
 	}
 }
 

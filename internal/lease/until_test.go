@@ -11,7 +11,8 @@ import (
 // with them (either's lifted by the other's tokens, at most the other's
 // line), or one of the two is dropped when it is worth more alone to an
 // owner spending use tokens per token the line falls; decayed tokens are
-// dropped by the take that finds them.
+// dropped by the take that finds them. An add says whether the new tokens
+// are all the cell holds.
 func TestAddDecayingTable(t *testing.T) {
 	t.Parallel()
 	const step = 10
@@ -50,11 +51,16 @@ func TestAddDecayingTable(t *testing.T) {
 	}
 	var c Cell
 	for i, s := range steps {
-		var ok bool
+		var ok, alone bool
 		var dropped int64
 		switch s.op {
 		case "add":
-			ok, dropped = c.AddDecaying(s.n, s.arg, s.at, step, s.use)
+			ok, dropped, alone = c.AddDecaying(s.n, s.arg, s.at, step, s.use)
+			// In this table the new tokens are alone exactly when the
+			// cell is left holding as many.
+			if want := s.wantLeft == s.n; alone != want {
+				t.Errorf("step %d: add(%d) at %d says alone %v, want %v", i, s.n, s.at, alone, want)
+			}
 		case "take":
 			ok, _, dropped = c.TakeDecaying(s.n, s.at)
 		}
@@ -64,7 +70,7 @@ func TestAddDecayingTable(t *testing.T) {
 		}
 	}
 	c.Close()
-	if ok, _ := c.AddDecaying(1, 1000, 500, step, 1); ok {
+	if ok, _, _ := c.AddDecaying(1, 1000, 500, step, 1); ok {
 		t.Fatal("AddDecaying after Close = true, want false")
 	}
 }
@@ -105,7 +111,7 @@ func TestTakeDecayingKeepsToItsLines(t *testing.T) {
 		}
 		end := now + rng.Int64N(40)
 		maxEnd.Store(max(maxEnd.Load(), end))
-		if ok, d := c.AddDecaying(4, end, now, step, rng.Float64()); ok {
+		if ok, d, _ := c.AddDecaying(4, end, now, step, rng.Float64()); ok {
 			added.Add(4)
 			gone.Add(d)
 		}
