@@ -98,7 +98,7 @@ func (l *Limiter) grantDecided(e *entry, n int64, allowed bool, now mono) {
 	l.grants.overdue(e, now)
 }
 
-// leased takes n tokens at at (Config.spendAt) from the lease of key's entry, if the key
+// leased takes n tokens at at (Limiter.spendAt) from the lease of key's entry, if the key
 // is tracked under the tier it is in now; e is that entry, nil when the
 // key is not tracked under its tier (its grant is not its to spend
 // either). Every decision spends leased tokens through leaser.spend, here
@@ -125,7 +125,7 @@ func (l *Limiter) tierIndex(p *policyState, key string) uint16 {
 	return p.tierOf(l.cfg.tierOf(key))
 }
 
-// spendAt is the time a leased decision spends at (config.spendAt) under
+// spendAt is the time a leased decision spends at (config.spendAtNow) under
 // the policy in force: the leases of sliding windows and several limits
 // keep their tokens (see leaser.strict), so their decisions read no clock
 // (55 ns against 21 for one that does, BenchmarkAllow policy=window).

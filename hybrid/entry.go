@@ -144,7 +144,7 @@ func (e *entry) takeDebt() int64 {
 }
 
 // live returns the tokens e's lease can still spend at at (see
-// config.spendAt): none once it has expired.
+// Limiter.spendAt): none once it has expired.
 func (e *entry) live(now mono) int64 {
 	if now == noExpiry {
 		return e.lease.Tokens()

@@ -20,17 +20,9 @@ type mono int64
 // path then reads no clock.
 const noExpiry = mono(math.MinInt64)
 
-// spendAt is the time a decision spends leased tokens at: now under
-// WithStrictWindows, whose leases decay exactly (see leaser.lifetime),
-// noExpiry otherwise.
-func (c *config) spendAt() mono {
-	if c.strict {
-		return c.now()
-	}
-	return noExpiry
-}
-
-// spendAtNow is spendAt for a decision that has read now already.
+// spendAtNow is the time a decision that has read now spends leased
+// tokens at: now under WithStrictWindows, whose leases decay exactly (see
+// leaser.lifetime), noExpiry otherwise.
 func (c *config) spendAtNow(now mono) mono {
 	if c.strict {
 		return now
