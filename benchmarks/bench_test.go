@@ -45,6 +45,12 @@ func BenchmarkLimiters(b *testing.B) {
 				b.Run(benchName("hybrid+autopipeline", w, par), func(b *testing.B) {
 					benchHybrid(b, srv, w, keys, seq, par, hybridSetup{store: []remote.RedisOption{remote.WithAutoPipeline(true)}})
 				})
+				// Every call on the pool, none pipelined when the pool's
+				// connections are all taken (the default before
+				// WithPipelineOverflow).
+				b.Run(benchName("hybrid+pool", w, par), func(b *testing.B) {
+					benchHybrid(b, srv, w, keys, seq, par, hybridSetup{store: []remote.RedisOption{remote.WithPipelineOverflow(false)}})
+				})
 				// One pipeline per short tick: the pipeliner waits 100 µs
 				// after each flush for more commands (go-redis's
 				// recommended MaxFlushDelay) rather than flushing at once.
@@ -129,7 +135,8 @@ func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string,
 	if w.zipf {
 		rate := float64(b.N) / elapsed.Seconds()
 		b.ReportMetric(w.idleFloor(seq, rate), "floorcalls/1000")
-		// The default lease holds at most 10% of Burst, spendable for a
+		// A lease that keeps its tokens (WithStrictWindows(false)) holds
+		// at most 10% of Burst, spendable for a
 		// lease TTL (1 s) or, future-dated, half a TTL more; joins within
 		// 5 ms (above the store calls' median here) are free.
 		b.ReportMetric(w.leaseCapFloor(seq, rate, max(1, w.burst/10), 1500*time.Millisecond, 5*time.Millisecond), "capfloorcalls/1000")

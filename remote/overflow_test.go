@@ -1,0 +1,113 @@
+package remote
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/testkit/poll"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
+	"github.com/leasehold/leasehold/local"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// sendCounter counts the script calls a client sends alone and in
+// pipelines (not the commands that set up a connection).
+type sendCounter struct{ alone, piped atomic.Int64 }
+
+func (h *sendCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *sendCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isScript(cmd) {
+			h.alone.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *sendCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if isScript(cmd) {
+				h.piped.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func isScript(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }
+
+// TestPipelineOverflow: on real Redis, with the server stopped so that
+// calls pile up, the calls beyond the client's pool size go out through
+// the autopipeliner and the others on pooled connections; every call gets
+// its right answer, and the store admits no more than the bucket holds.
+// Without the option every call takes the pool, and a lone call never
+// goes through the pipeliner.
+func TestPipelineOverflow(t *testing.T) {
+	const pool, calls = 2, 8
+	lim := local.Limit{Rate: 1, Period: time.Hour, Burst: 5}
+	for _, tc := range []struct {
+		name     string
+		opts     []RedisOption
+		overflow bool
+	}{
+		{"default", nil, true},
+		{"off", []RedisOption{WithPipelineOverflow(false)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.NewServer(t)
+			c := srv.Client(t, func(o *redis.Options) { o.PoolSize = pool })
+			s := NewRedis(c, tc.opts...)
+			ctx := context.Background()
+			req := Request{Policy: "overflow", Key: "k", Limit: lim, N: 1}
+			_, err := s.Lease(ctx, req) // scripts loaded, a connection open
+			require.NoError(t, err)
+			var h sendCounter
+			c.AddHook(&h)
+			_, err = s.Lease(ctx, req) // a lone call
+			require.NoError(t, err)
+			require.Zero(t, h.piped.Load(), "a lone call went through the pipeliner")
+
+			require.NoError(t, srv.Pause())
+			var wg sync.WaitGroup
+			res := make([]Result, calls)
+			errs := make([]error, calls)
+			for i := range calls {
+				wg.Go(func() {
+					cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					defer cancel()
+					res[i], errs[i] = s.Lease(cctx, req)
+				})
+			}
+			if tc.overflow {
+				poll.Until(t, "calls in flight", 5*time.Second, func() bool { return s.inflight.Load() == calls })
+			} else {
+				// Nothing counts them without the option: wait until
+				// the pool's connections are taken and the rest queue.
+				poll.Until(t, "calls on the pool", 5*time.Second, func() bool { return c.PoolStats().TotalConns == pool && h.alone.Load() == 1+calls })
+			}
+			require.NoError(t, srv.Resume())
+			wg.Wait()
+			granted := int64(0)
+			for i := range calls {
+				require.NoError(t, errs[i])
+				granted += res[i].Granted
+			}
+			require.Equal(t, int64(5-2), granted, "what was left of the burst, to 3 of 8 callers")
+			// The pipeliner may send a batch of one as a lone command.
+			piped, alone := h.piped.Load(), h.alone.Load()
+			t.Logf("%d calls sent in pipelines, %d alone", piped, alone)
+			require.Equal(t, int64(1+calls), piped+alone, "every call sent once")
+			if tc.overflow {
+				require.GreaterOrEqual(t, piped, int64(2), "calls sent in pipelines")
+			} else {
+				require.Zero(t, piped, "calls sent in pipelines")
+			}
+		})
+	}
+}
