@@ -145,18 +145,7 @@ func NewRedis(c redis.UniversalClient, opts ...RedisOption) *RedisStore {
 // checkClient reports settings of c that keep the store from meeting its
 // deadlines, for the client types go-redis provides.
 func checkClient(c redis.UniversalClient) error {
-	var enabled bool
-	switch c := c.(type) {
-	case *redis.Client:
-		enabled = c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
-		enabled = c.Options().ContextTimeoutEnabled
-	case *redis.Ring:
-		enabled = c.Options().ContextTimeoutEnabled
-	default:
-		return nil
-	}
-	if !enabled {
+	if enabled, _, known := clientSettings(c); known && !enabled {
 		return errs.New("remote", "go-redis client without ContextTimeoutEnabled: in-flight calls ignore deadlines and a hung Redis holds them for ReadTimeout")
 	}
 	return nil
@@ -277,19 +266,25 @@ func (s *RedisStore) overflowPipeliner() *redis.AutoPipeliner {
 // poolSize is the connections c's pool (a node's, on Cluster) holds at
 // most: go-redis's default of 10 per CPU when unset.
 func poolSize(c redis.UniversalClient) int {
-	n := 0
+	if _, n, _ := clientSettings(c); n > 0 {
+		return n
+	}
+	return 10 * runtime.GOMAXPROCS(0)
+}
+
+// clientSettings reads the options of the client types go-redis
+// provides: whether deadlines reach in-flight reads, and the pool size;
+// known is false for other clients.
+func clientSettings(c redis.UniversalClient) (contextTimeout bool, pool int, known bool) {
 	switch c := c.(type) {
 	case *redis.Client:
-		n = c.Options().PoolSize
+		return c.Options().ContextTimeoutEnabled, c.Options().PoolSize, true
 	case *redis.ClusterClient:
-		n = c.Options().PoolSize
+		return c.Options().ContextTimeoutEnabled, c.Options().PoolSize, true
 	case *redis.Ring:
-		n = c.Options().PoolSize
+		return c.Options().ContextTimeoutEnabled, c.Options().PoolSize, true
 	}
-	if n <= 0 {
-		n = 10 * runtime.GOMAXPROCS(0)
-	}
-	return n
+	return false, 0, false
 }
 
 // scriptCall is one call of a script: its keys, and the EVALSHA command
