@@ -46,10 +46,10 @@ func BenchmarkLimiters(b *testing.B) {
 					benchHybrid(b, srv, w, keys, seq, par, hybridSetup{store: []remote.RedisOption{remote.WithAutoPipeline(true)}})
 				})
 				// Every call on the pool, none pipelined when the pool's
-				// connections are all taken (the default before
-				// WithPipelineOverflow).
+				// connections are all taken (the default before calls
+				// beyond the pool were pipelined).
 				b.Run(benchName("hybrid+pool", w, par), func(b *testing.B) {
-					benchHybrid(b, srv, w, keys, seq, par, hybridSetup{store: []remote.RedisOption{remote.WithPipelineOverflow(false)}})
+					benchHybrid(b, srv, w, keys, seq, par, hybridSetup{store: []remote.RedisOption{remote.WithAutoPipeline(false)}})
 				})
 				// One pipeline per short tick: the pipeliner waits 100 µs
 				// after each flush for more commands (go-redis's

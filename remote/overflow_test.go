@@ -2,11 +2,13 @@ package remote
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/keys"
 	"github.com/leasehold/leasehold/internal/testkit/poll"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/local"
@@ -46,8 +48,8 @@ func isScript(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name
 // calls pile up, the calls beyond the client's pool size go out through
 // the autopipeliner and the others on pooled connections; every call gets
 // its right answer, and the store admits no more than the bucket holds.
-// Without the option every call takes the pool, and a lone call never
-// goes through the pipeliner.
+// With WithAutoPipeline(false) every call takes the pool, and a lone call
+// never goes through the pipeliner.
 func TestPipelineOverflow(t *testing.T) {
 	const pool, calls = 2, 8
 	lim := local.Limit{Rate: 1, Period: time.Hour, Burst: 5}
@@ -57,7 +59,7 @@ func TestPipelineOverflow(t *testing.T) {
 		overflow bool
 	}{
 		{"default", nil, true},
-		{"off", []RedisOption{WithPipelineOverflow(false)}, false},
+		{"pool only", []RedisOption{WithAutoPipeline(false)}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.NewServer(t)
@@ -85,7 +87,7 @@ func TestPipelineOverflow(t *testing.T) {
 				})
 			}
 			if tc.overflow {
-				poll.Until(t, "calls in flight", 5*time.Second, func() bool { return s.inflight.Load() == calls })
+				poll.Until(t, "calls in flight", 5*time.Second, func() bool { return s.over.inFlight() == calls })
 			} else {
 				// Nothing counts them without the option: wait until
 				// the pool's connections are taken and the rest queue.
@@ -110,4 +112,80 @@ func TestPipelineOverflow(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPipelineOverflowPerNode: on the real cluster, go-redis keeps a pool
+// per node, so calls count against their own node's pool: with a pool of 2
+// and every master stopped, 2 calls on each of the 3 masters (6 in flight)
+// all take pooled connections, and a third on one master overflows to the
+// pipeliner. Counted over all nodes, the third call would have.
+func TestPipelineOverflowPerNode(t *testing.T) {
+	const pool = 2
+	cl := redistest.SharedCluster(t)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: true, PoolSize: pool})
+	t.Cleanup(func() { _ = cc.Close() })
+	s := NewRedis(cc)
+	ctx := context.Background()
+	lim := local.Limit{Rate: 1, Period: time.Hour, Burst: 100}
+
+	// A key on each master, each master's server, and a call on each key
+	// (its scripts loaded, its connection open).
+	var reqs []Request
+	var masters []*redistest.Server
+	seen := map[string]bool{}
+	for i := 0; len(reqs) < 3; i++ {
+		key := fmt.Sprintf("node-%d", i)
+		req := Request{Policy: "overflow-nodes", Key: key, Limit: lim, N: 1}
+		node, err := cc.MasterForKey(ctx, keys.Bucket(DefaultPrefix, req.Policy, "", key))
+		require.NoError(t, err)
+		if seen[node.Options().Addr] {
+			continue
+		}
+		seen[node.Options().Addr] = true
+		srv, err := cl.MasterOf(ctx, keys.Bucket(DefaultPrefix, req.Policy, "", key))
+		require.NoError(t, err)
+		require.Equal(t, node.Options().Addr, srv.Addr)
+		_, err = s.Lease(ctx, req)
+		require.NoError(t, err)
+		reqs = append(reqs, req)
+		masters = append(masters, srv)
+	}
+
+	// Stopped well within the cluster's node timeout: no failover.
+	for _, m := range masters {
+		require.NoError(t, m.Pause())
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			for _, m := range masters {
+				require.NoError(t, m.Resume())
+			}
+		}
+	}
+	defer resume()
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	call := func(req Request) {
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if _, err := s.Lease(cctx, req); err != nil {
+				failed.Add(1)
+			}
+		})
+	}
+	for _, req := range reqs {
+		call(req)
+		call(req)
+	}
+	poll.Until(t, "2 calls in flight on each master", 5*time.Second, func() bool { return s.over.inFlight() == 6 })
+	require.True(t, s.over.ap.Load() == nil, "6 calls on 3 nodes with pools of 2 overflowed")
+	call(reqs[0])
+	poll.Until(t, "a third call on one master", 5*time.Second, func() bool { return s.over.inFlight() == 7 })
+	require.True(t, s.over.ap.Load() != nil, "a third call on a node with a pool of 2 did not overflow")
+	resume()
+	wg.Wait()
+	require.Zero(t, failed.Load(), "calls failed")
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/leasehold/leasehold/internal/exact"
 	"io"
 	"net"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,16 +37,12 @@ type RedisStore struct {
 	// reload asks a Cluster client to refresh its slot map; nil for other
 	// clients or when WithClusterReload(false).
 	reload func()
-	// ap coalesces concurrent calls into pipelines; nil when
-	// WithAutoPipeline(false) or the client has none.
+	// ap coalesces every call into pipelines; set by WithAutoPipeline(true)
+	// when the client has one.
 	ap *redis.AutoPipeliner
-	// poolFirst is how many calls may be in flight before the next goes
-	// through the client's autopipeliner (0: none does, see
-	// WithPipelineOverflow); inflight counts the calls, overflow holds the
-	// pipeliner once the first call overflows.
-	poolFirst int64
-	inflight  atomic.Int64
-	overflow  atomic.Pointer[redis.AutoPipeliner]
+	// over pipelines the calls a node's pool cannot carry at once; set by
+	// default (nil when WithAutoPipeline was given).
+	over *overflow
 	// args keeps the last limit's numbers boxed as script arguments.
 	args argCache
 }
@@ -57,7 +52,10 @@ var _ Store = (*RedisStore)(nil)
 // RedisOption configures a RedisStore.
 type RedisOption interface{ apply(*redisConfig) }
 
-type redisConfig struct{ clusterReload, autoPipeline, overflow bool }
+type redisConfig struct {
+	clusterReload bool
+	pipe          pipeMode
+}
 
 type redisOptionFunc func(*redisConfig)
 
@@ -74,53 +72,48 @@ func WithClusterReload(on bool) RedisOption {
 	return redisOptionFunc(func(c *redisConfig) { c.clusterReload = on })
 }
 
-// WithAutoPipeline sets whether concurrent calls share round trips:
-// calls made while others are on the wire go out together as one
-// pipeline (go-redis's AsyncAutoPipeline, one per node on Cluster). Each
-// call still honors its context: a caller stops waiting at its deadline,
-// though a command already queued is still sent. The client's
-// AutoPipelineOptions, if set, configure the pipeliner, which the client
-// owns and shares.
+// WithAutoPipeline sets whether calls share round trips through the
+// client's autopipeliner (go-redis's AsyncAutoPipeline, one pipeline per
+// node on Cluster). Each call still honors its context: a caller stops
+// waiting at its deadline, though a command already queued is still sent.
+// The client's AutoPipelineOptions, if set, configure the pipeliner, which
+// the client owns and shares.
 //
-// The default is false: measured on 100 000 Zipf keys with 16 goroutines
-// (BenchmarkLimiters, impl=hybrid+autopipeline), pipelining made each
-// decision about 1.3–1.8× slower than the connection pool, whose
-// connections carry calls in parallel, with a higher p99; with 256
-// goroutines the two were within 15%. WithPipelineOverflow, the
-// default, pipelines only the calls that would wait for a connection;
-// this option sends every call through the pipeliner. A pipeliner that waits
-// after each flush to gather more (AutoPipelineOptions.MaxFlushDelay,
-// one pipeline per short tick) makes a lone call wait for the tick: with
-// 100 µs, 1.03–1.33 ms per decision at 1 goroutine against 95–119 µs
-// flushing at once, within 10% of it at 16 and 256 goroutines
-// (impl=hybrid+autopipeline-tick).
+//   - Unset (the default), a call takes a pooled connection while at most
+//     the node's Options.PoolSize calls are in flight on it (go-redis's
+//     default, 10 per CPU, when unset); a call beyond them, which would
+//     wait for a connection, goes through the pipeliner (built at the
+//     first such call) with the others beyond. A lone call never waits for
+//     a batch. Calls are counted per node on Cluster and per shard on
+//     Ring. Measured on 100 000 Zipf keys with 256 goroutines and a pool
+//     of 64 (TestZipfRatios, medians of 5 rounds): 5.67× redis_rate's
+//     decisions per second against 3.02× with the pool alone, p99 13.7 ms
+//     against 18.0 (redis_rate: 13.3); at 1 and 16 goroutines no call
+//     overflows and nothing changes.
+//   - true sends every call through the pipeliner. Measured on the same
+//     keys with 16 goroutines (BenchmarkLimiters, impl=hybrid+autopipeline),
+//     each decision was about 1.3–1.8× slower than on the pool, whose
+//     connections carry calls in parallel, with a higher p99; with 256
+//     goroutines the two were within 15%. A pipeliner that waits after
+//     each flush to gather more (AutoPipelineOptions.MaxFlushDelay, one
+//     pipeline per short tick) makes a lone call wait for the tick: with
+//     100 µs, 1.03–1.33 ms per decision at 1 goroutine against 95–119 µs
+//     flushing at once, within 10% of it at 16 and 256 goroutines
+//     (impl=hybrid+autopipeline-tick).
+//   - false sends every call on a pooled connection: a call beyond the
+//     pool waits for a connection (impl=hybrid+pool).
 func WithAutoPipeline(on bool) RedisOption {
-	return redisOptionFunc(func(c *redisConfig) { c.autoPipeline = on })
-}
-
-// WithPipelineOverflow sets whether calls beyond what the client's pool
-// can carry at once go out as pipelines: while at most Options.PoolSize
-// calls are in flight (go-redis's default, 10 per CPU, when unset), each
-// takes a pooled connection as it would alone; a call beyond them, which
-// would wait for a connection, goes through the client's autopipeliner
-// (go-redis's AsyncAutoPipeline, built at the first such call, one per
-// node on Cluster) with the others beyond. A lone call never waits for a
-// batch. On Cluster the count is over all nodes against one node's pool
-// size, so calls overflow early rather than late.
-//
-// The default is true: measured on 100 000 Zipf keys with 256 goroutines
-// and a pool of 64 (TestZipfRatios, medians of 5 rounds), 5.67×
-// redis_rate's decisions per second against 3.02× with the pool alone,
-// p99 13.7 ms against 18.0 (redis_rate: 13.3); at 1 and 16 goroutines no
-// call overflows and nothing changes. WithAutoPipeline(true) sends every
-// call through the pipeliner instead.
-func WithPipelineOverflow(on bool) RedisOption {
-	return redisOptionFunc(func(c *redisConfig) { c.overflow = on })
+	return redisOptionFunc(func(c *redisConfig) {
+		c.pipe = pipeNever
+		if on {
+			c.pipe = pipeAlways
+		}
+	})
 }
 
 // NewRedis returns a Store over c.
 func NewRedis(c redis.UniversalClient, opts ...RedisOption) *RedisStore {
-	cfg := redisConfig{clusterReload: true, overflow: true}
+	cfg := redisConfig{clusterReload: true}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
@@ -129,15 +122,15 @@ func NewRedis(c redis.UniversalClient, opts ...RedisOption) *RedisStore {
 	if cc, ok := c.(*redis.ClusterClient); ok && cfg.clusterReload {
 		s.reload = func() { cc.ReloadState(context.Background()) }
 	}
-	if cfg.autoPipeline {
+	switch cfg.pipe {
+	case pipeAlways:
 		// A client that cannot build one (a closed client, a bad
 		// AutoPipelineOptions) still serves calls one by one.
 		if ap, err := c.AsyncAutoPipeline(); err == nil {
 			s.ap = ap
 		}
-	}
-	if cfg.overflow && s.ap == nil {
-		s.poolFirst = int64(poolSize(c))
+	case pipeOverflow:
+		s.over = newOverflow(c)
 	}
 	return s
 }
@@ -218,7 +211,7 @@ func (s *RedisStore) do(ctx context.Context, op Op, r Request) (Result, error) {
 // has lost the script.
 func (s *RedisStore) eval(ctx context.Context, call *scriptCall) (any, error) {
 	cmd := call.command(ctx)
-	err := s.send(ctx, cmd)
+	err := s.send(ctx, cmd, call.keys[0])
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		// EVAL caches the script again for the next EVALSHA.
 		return call.script.Eval(ctx, s.c, call.keys, call.args()...).Result()
@@ -229,47 +222,21 @@ func (s *RedisStore) eval(ctx context.Context, call *scriptCall) (any, error) {
 	return cmd.Result()
 }
 
-// send sends cmd on a pooled connection, or through the autopipeliner
-// (see WithAutoPipeline and WithPipelineOverflow).
-func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder) error {
+// send sends cmd, whose first key is key, on a pooled connection or
+// through the autopipeliner (see WithAutoPipeline).
+func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder, key string) error {
 	if s.ap != nil {
 		return s.ap.Submit(ctx, cmd).WaitContext(ctx)
 	}
-	if s.poolFirst == 0 {
+	if s.over == nil {
 		return s.c.Process(ctx, cmd)
 	}
-	n := s.inflight.Add(1)
-	defer s.inflight.Add(-1)
-	if n > s.poolFirst {
-		if ap := s.overflowPipeliner(); ap != nil {
-			return ap.Submit(ctx, cmd).WaitContext(ctx)
-		}
+	n, ap := s.over.enter(ctx, key)
+	defer s.over.leave(n)
+	if ap != nil {
+		return ap.Submit(ctx, cmd).WaitContext(ctx)
 	}
 	return s.c.Process(ctx, cmd)
-}
-
-// overflowPipeliner is the client's autopipeliner, built at the first call
-// that overflows the pool; nil when the client cannot build one (a closed
-// client, a bad AutoPipelineOptions), whose calls then take the pool.
-func (s *RedisStore) overflowPipeliner() *redis.AutoPipeliner {
-	if ap := s.overflow.Load(); ap != nil {
-		return ap
-	}
-	ap, err := s.c.AsyncAutoPipeline() // go-redis builds it once per client
-	if err != nil {
-		return nil
-	}
-	s.overflow.Store(ap)
-	return ap
-}
-
-// poolSize is the connections c's pool (a node's, on Cluster) holds at
-// most: go-redis's default of 10 per CPU when unset.
-func poolSize(c redis.UniversalClient) int {
-	if _, n, _ := clientSettings(c); n > 0 {
-		return n
-	}
-	return 10 * runtime.GOMAXPROCS(0)
 }
 
 // clientSettings reads the options of the client types go-redis
