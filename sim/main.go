@@ -41,7 +41,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	seed := fl.Uint64("seed", 0, "random seed (0: each scenario's own)")
 	out := fl.String("out", "sim-out", "directory for plots")
 	list := fl.Bool("list", false, "list the default suite and exit")
-	strict := fl.Bool("strict-windows", false, "run every scenario with hybrid.WithStrictWindows, the library's default (the bound in every window; see docs/how-it-works.md); without it the simulator's limiters keep their leases' tokens")
+	strict := fl.Bool("strict-windows", true, "hybrid.WithStrictWindows for every scenario, overriding a scenario's strict_windows: true (the library's default) keeps the bound in every window with decaying leases, false runs leases that keep their tokens (see docs/how-it-works.md)")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
@@ -50,9 +50,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sim:", err)
 		return 2
 	}
-	for _, s := range suite {
-		s.Limiter.StrictWindows = s.Limiter.StrictWindows || *strict
-	}
+	overrideStrict(fl, strict, suite)
 	if *list {
 		for _, s := range suite {
 			fmt.Fprintf(stdout, "%-22s %4.0f s  %4d processes  %s\n", s.Name, s.DurationS, s.Processes, s.Description)
@@ -157,4 +155,17 @@ func progressLine(w io.Writer, name string) func(done, total time.Duration) {
 			fmt.Fprint(f, "\r\033[K")
 		}
 	}
+}
+
+// overrideStrict sets every scenario's strict_windows to -strict-windows
+// when the flag was given, either way; otherwise each keeps its own (unset:
+// the library's default).
+func overrideStrict(fl *flag.FlagSet, strict *bool, suite []*Scenario) {
+	fl.Visit(func(f *flag.Flag) {
+		if f.Name == "strict-windows" {
+			for _, s := range suite {
+				s.Limiter.StrictWindows = strict
+			}
+		}
+	})
 }

@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -255,4 +257,40 @@ func TestScenarioValidation(t *testing.T) {
 			t.Errorf("parseScenario(%s) = nil error", bad)
 		}
 	}
+}
+
+// TestStrictWindowsFlag: a scenario's strict_windows holds unless
+// -strict-windows is given, which then sets every scenario either way.
+func TestStrictWindowsFlag(t *testing.T) {
+	on, off := true, false
+	for _, tc := range []struct {
+		args []string
+		want []*bool // per scenario: unset, false, true in the file
+	}{
+		{nil, []*bool{nil, &off, &on}},
+		{[]string{"-strict-windows"}, []*bool{&on, &on, &on}},
+		{[]string{"-strict-windows=false"}, []*bool{&off, &off, &off}},
+		{[]string{"-strict-windows=true"}, []*bool{&on, &on, &on}},
+	} {
+		fl := flag.NewFlagSet("sim", flag.ContinueOnError)
+		strict := fl.Bool("strict-windows", true, "")
+		if err := fl.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		suite := []*Scenario{{}, {Limiter: LimiterSpec{StrictWindows: &off}}, {Limiter: LimiterSpec{StrictWindows: &on}}}
+		overrideStrict(fl, strict, suite)
+		for i, s := range suite {
+			got, want := s.Limiter.StrictWindows, tc.want[i]
+			if (got == nil) != (want == nil) || (got != nil && *got != *want) {
+				t.Errorf("%v: scenario %d: strict_windows %v, want %v", tc.args, i, fmtBool(got), fmtBool(want))
+			}
+		}
+	}
+}
+
+func fmtBool(b *bool) string {
+	if b == nil {
+		return "unset"
+	}
+	return strconv.FormatBool(*b)
 }

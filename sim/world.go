@@ -178,9 +178,9 @@ func (w *world) options(c clock.Clock) []hybrid.Option {
 	if l.CapacityLeaseS > 0 {
 		opts = append(opts, hybrid.WithCapacityLeases(sec(l.CapacityLeaseS)))
 	}
-	// Explicit either way: the library's default is on, the simulator's
-	// off (its verdicts and samples are of leases that keep their tokens).
-	opts = append(opts, hybrid.WithStrictWindows(l.StrictWindows))
+	if l.StrictWindows != nil {
+		opts = append(opts, hybrid.WithStrictWindows(*l.StrictWindows))
+	}
 	switch l.OutageMode {
 	case "fail-open":
 		opts = append(opts, hybrid.WithOutageMode(hybrid.OutageFailOpen))
