@@ -22,7 +22,9 @@ import (
 // Where each part goes, by the source of the decision:
 //   - lease, remote or grant: a refund goes into the key's lease (no store
 //     call; unspent, it goes back to the bucket with the lease), or back to
-//     the bucket when the key is not tracked; an extra is taken from the
+//     the bucket when the key is not tracked; under WithStrictWindows only
+//     into the lease, under its line as it is, and what the line has
+//     passed lapses (see Limiter.refund); an extra is taken from the
 //     lease, then from the key's grant, and the rest is debited to the
 //     bucket (queued and sent at once, in the background).
 //   - degraded or fail-open: the outage debt the recovery charges grows by
@@ -45,6 +47,7 @@ type Charge struct {
 	key      string
 	tier     uint16
 	estimate int64
+	at       mono // when the estimate was decided
 	settled  atomic.Bool
 }
 
@@ -58,7 +61,7 @@ func (l *Limiter) ChargeN(ctx context.Context, key string, estimate int64) (*Cha
 		return nil, err
 	}
 	p := l.policy.load()
-	return &Charge{Decision: d, l: l, key: key, tier: l.tierIndex(p, key), estimate: estimate}, nil
+	return &Charge{Decision: d, l: l, key: key, tier: l.tierIndex(p, key), estimate: estimate, at: l.cfg.now()}, nil
 }
 
 // Settle charges the work's actual cost in place of the estimate: what the
@@ -94,7 +97,7 @@ func (c *Charge) Settle(actual int64) error {
 		return nil
 	}
 	if actual < c.estimate {
-		l.refund(p, e, c.key, c.tier, c.estimate-actual)
+		l.refund(p, e, c, c.estimate-actual)
 	} else {
 		l.chargeExtra(p, e, c.key, c.tier, actual-c.estimate)
 	}
@@ -121,21 +124,39 @@ func ChargeFromContext(ctx context.Context) *Charge {
 // Settled reports whether Settle has been called.
 func (c *Charge) Settled() bool { return c.settled.Load() }
 
-// refund gives back n tokens of a settled charge on key: into e's lease
-// when the key is tracked (spent or given back with it), else to the
-// bucket. Under WithStrictWindows always to the bucket: a lease's tokens
-// live only as long as their bucket takes to refill from their grant (see
-// leaser.lifetime), which a refund has not. Sliding windows and several
-// limits get nothing back.
-func (l *Limiter) refund(p *policyState, e *entry, key string, tier uint16, n int64) {
+// refund gives back n tokens of settled charge c: into e's lease when
+// the key is tracked (spent or given back with it), else to the bucket.
+// Sliding windows and several limits get nothing back.
+//
+// Under WithStrictWindows the tokens never go to the bucket: by then it
+// may have refilled under a grant someone took after the charge, and
+// tokens given back under it would let a window see them and that grant's
+// both (+4 over Burst + Rate·w measured, TestChargeRefundKeepsEveryWindow).
+// They go into the lease under a line that keeps the bound, as if the
+// charge had leased its estimate and spent the actual at once: taken from
+// the lease, under the lease's own line (lease.Cell.Put: the cell holds
+// no more than before the charge); taken by a store call, under a line of
+// their own that falls from the estimate at the charge, a token per token
+// of refill (leaser.depositRefund). What a line has passed lapses.
+func (l *Limiter) refund(p *policyState, e *entry, c *Charge, n int64) {
 	if p.shaped {
 		return
 	}
-	if e != nil && !l.leaser.strict(p) && e.lease.Add(n, int64(l.cfg.now().add(l.cfg.leaseTTL))) {
+	if l.leaser.strict(p) {
+		switch {
+		case e == nil:
+		case c.Source == SourceRemote:
+			l.leaser.depositRefund(e, n, c.at, c.estimate)
+		case e.lease.Put(n):
+			l.stats.tokensLeased.Add(n)
+		}
+		return
+	}
+	if e != nil && e.lease.Add(n, int64(l.cfg.now().add(l.cfg.leaseTTL))) {
 		l.stats.tokensLeased.Add(n)
 		return
 	}
-	req := p.requestFor(l.cfg.prefix, key, tier)
+	req := p.requestFor(l.cfg.prefix, c.key, c.tier)
 	req.N = n
 	l.settle.soon(reconcile.Item{Op: remote.OpReturn, Req: req})
 }

@@ -131,3 +131,49 @@ func TestSettledCostsKeepTheBound(t *testing.T) {
 		})
 	}
 }
+
+// TestChargeRefundKeepsEveryWindow: under decaying leases a settled
+// charge's refund must not refill the bucket under a grant someone took
+// after it. A (alone, as the fleet count says) charges 8 of a bucket of 10
+// at 10/s and works 1.1 s, long enough for the bucket to refill and A's
+// lease to decay; B then takes the full bucket as its lease and spends a
+// token; A settles at 1. Given back to the bucket, the 7 refunded let C
+// take them while B spends its 9: 15 admitted, a window 4 over
+// Burst + Rate·w (measured with the refund sent to the bucket, as before
+// the fix). Under A's line, ended by then, they lapse, and no window is
+// over.
+func TestChargeRefundKeepsEveryWindow(t *testing.T) {
+	t.Parallel()
+	lim := Limit{Rate: 10, Period: time.Second, Burst: 10}
+	p := runPolicy("refund-window", lim)
+	lims := newFleet(t, 3, p, standaloneDial, WithFleetSize(1))
+	a, b, c := lims[0], lims[1], lims[2]
+	ctx := context.Background()
+	var adm []admission
+	admit := func(l *Limiter, most int) {
+		for range most {
+			asked := time.Now()
+			if d, err := l.AllowN(ctx, "k", 1); err != nil || !d.Allowed {
+				return
+			}
+			adm = append(adm, admission{asked, time.Now()})
+		}
+	}
+	asked := time.Now()
+	ch, err := a.ChargeN(ctx, "k", 8)
+	require.NoError(t, err)
+	require.True(t, ch.Allowed)
+	adm = append(adm, admission{asked, time.Now()}) // the 1 it will use
+	time.Sleep(1100 * time.Millisecond)             // the work: the bucket refills
+	admit(b, 1)
+	require.NoError(t, ch.Settle(1))
+	// The refund, had it gone to the bucket, is sent in the background:
+	// give it the time a return takes before C asks.
+	time.Sleep(50 * time.Millisecond)
+	admit(b, 100)
+	admit(c, 100)
+	worst, _, at := worstWindow(adm, lim, adm[0].asked)
+	t.Logf("%d admitted; A gave back %d; worst window %+d against Burst + Rate·w (at %v)",
+		len(adm), a.Stats().TokensReturned, worst, at.Round(time.Millisecond))
+	require.LessOrEqual(t, worst, int64(0), "a window over Burst + Rate·w")
+}

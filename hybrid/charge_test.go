@@ -221,3 +221,36 @@ func requireLast(t *testing.T, l *Limiter, key string, last int64) {
 	require.NoError(t, err)
 	require.True(t, d.Allowed, "the last %d refused: %+v", last, d)
 }
+
+// TestStrictRefundOfAStoreCallDecays: under decaying leases (the default)
+// the refund of a charge a store call decided goes into the key's lease
+// under a line that falls from the estimate at the charge, a token per
+// token of refill, and never to the bucket: on a bucket of 10 000 a
+// minute (a token per 6 ms), a charge of 4 000 on a cold key settled
+// 600 ms later at nothing leaves 3 900 spendable, 3 800 at 1.2 s, with
+// no store call.
+func TestStrictRefundOfAStoreCallDecays(t *testing.T) {
+	w := newFakeWorld()
+	l := w.limiter(t, Policy{Name: "refund-line", Limit: Limit{Rate: 10_000, Period: time.Minute, Burst: 10_000}})
+	ctx := context.Background()
+	ch, err := l.ChargeN(ctx, "k", 4000)
+	require.NoError(t, err)
+	require.True(t, ch.Allowed)
+	require.Equal(t, SourceRemote, ch.Source, "the estimate must be decided by a store call")
+	e := l.keys.load("k")
+	require.Zero(t, e.lease.Tokens(), "the call leased more than the estimate: the case proves nothing")
+	w.clk.Advance(600 * time.Millisecond)
+	calls := l.Stats().StoreCalls
+	require.NoError(t, ch.Settle(0))
+	require.Same(t, e, l.keys.load("k"), "the key is no longer tracked")
+	if got := e.live(l.cfg.now()); got != 3900 {
+		t.Errorf("600 ms after the charge: %d of the refund of 4 000 spendable, want 3 900", got)
+	}
+	w.clk.Advance(600 * time.Millisecond)
+	if got := e.live(l.cfg.now()); got != 3800 {
+		t.Errorf("1.2 s after the charge: %d spendable, want 3 800", got)
+	}
+	s := l.Stats()
+	require.Equal(t, calls, s.StoreCalls, "the refund made a store call")
+	require.Zero(t, s.TokensReturned, "the refund went to the bucket")
+}

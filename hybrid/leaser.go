@@ -601,6 +601,21 @@ func (ls *leaser) depositFrom(e *entry, n int64, until, now mono, from storeMicr
 	}
 }
 
+// depositRefund puts n refunded tokens of a charge of estimate decided by
+// a store call at at in e's lease, under WithStrictWindows: under a line
+// that falls from the estimate at the charge a token per step of the
+// bucket, which the tokens the call took for the charge obey as a lease of
+// theirs would (see lifetime). Past its end they lapse.
+func (ls *leaser) depositRefund(e *entry, n int64, at mono, estimate int64) {
+	lim := ls.policy.load().tier(e).limits[0]
+	step := max(tokenStep(lim), 1) + 1
+	now := ls.cfg.now()
+	estimate = min(estimate, math.MaxInt64/4/step) // a line past any lease's life
+	if estimate > int64(now.sub(at))/step {        // else the line has ended
+		ls.depositFrom(e, n, at.add(time.Duration(estimate*step)), now, 0)
+	}
+}
+
 // giveBack settles n of e's tokens that can no longer be spent: given
 // back to the bucket, but for WithStrictWindows, which drops a token
 // bucket's (see lifetime: a bucket that got them back could refill past

@@ -80,6 +80,24 @@ func (c *Cell) Add(n, expiresAt int64) bool {
 	}
 }
 
+// Put adds n tokens under the lease's expiry and line as they are, and
+// returns false, adding nothing, if the lease is closed. Under a decaying
+// line (AddDecaying) they are spendable only while the line is above them,
+// so they never let the cell hold more than its line: what the line has
+// passed is dropped at the next TakeDecaying. May run concurrently with
+// the owner's writers.
+func (c *Cell) Put(n int64) bool {
+	for {
+		cur := c.tokens.Load()
+		if cur < 0 {
+			return false
+		}
+		if c.tokens.CompareAndSwap(cur, cur+n) {
+			return true
+		}
+	}
+}
+
 // Cut removes tokens above keep and returns how many it removed.
 func (c *Cell) Cut(keep int64) int64 {
 	for {
