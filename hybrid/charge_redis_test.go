@@ -144,22 +144,12 @@ func TestSettledCostsKeepTheBound(t *testing.T) {
 // over.
 func TestChargeRefundKeepsEveryWindow(t *testing.T) {
 	t.Parallel()
-	lim := Limit{Rate: 10, Period: time.Second, Burst: 10}
-	p := runPolicy("refund-window", lim)
-	lims := newFleet(t, 3, p, standaloneDial, WithFleetSize(1))
-	a, b, c := lims[0], lims[1], lims[2]
-	ctx := context.Background()
 	var adm []admission
-	admit := func(l *Limiter, most int) {
-		for range most {
-			asked := time.Now()
-			if d, err := l.AllowN(ctx, "k", 1); err != nil || !d.Allowed {
-				return
-			}
-			adm = append(adm, admission{asked, time.Now()})
-		}
-	}
+	admit := admitOn(&adm)
+	lim := Limit{Rate: 10, Period: time.Second, Burst: 10}
+	a, b, c := loneTrio(t, "refund-window", lim)
 	asked := time.Now()
+	ctx := context.Background()
 	ch, err := a.ChargeN(ctx, "k", 8)
 	require.NoError(t, err)
 	require.True(t, ch.Allowed)
@@ -167,9 +157,9 @@ func TestChargeRefundKeepsEveryWindow(t *testing.T) {
 	time.Sleep(1100 * time.Millisecond)             // the work: the bucket refills
 	admit(b, 1)
 	require.NoError(t, ch.Settle(1))
-	// The refund, had it gone to the bucket, is sent in the background:
-	// give it the time a return takes before C asks.
-	time.Sleep(50 * time.Millisecond)
+	// A refund sent to the bucket goes in the background: send what A
+	// has queued before C asks.
+	require.NoError(t, a.settle.sendNow(ctx))
 	admit(b, 100)
 	admit(c, 100)
 	worst, _, at := worstWindow(adm, lim, adm[0].asked)

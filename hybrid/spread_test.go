@@ -200,20 +200,10 @@ func TestEdgeOfLaterWindows(t *testing.T) {
 func TestCloseReturnKeepsEveryWindow(t *testing.T) {
 	t.Parallel()
 	lim := Limit{Rate: 10, Period: time.Second, Burst: 10}
-	p := runPolicy("close-window", lim)
-	lims := newFleet(t, 3, p, standaloneDial, WithFleetSize(1))
-	a, b, c := lims[0], lims[1], lims[2]
+	a, b, c := loneTrio(t, "close-window", lim)
 	ctx := context.Background()
 	var adm []admission
-	admit := func(l *Limiter, most int) {
-		for range most {
-			asked := time.Now()
-			if d, err := l.AllowN(ctx, "k", 1); err != nil || !d.Allowed {
-				return
-			}
-			adm = append(adm, admission{asked, time.Now()})
-		}
-	}
+	admit := admitOn(&adm)
 	admit(a, 1)
 	time.Sleep(500 * time.Millisecond)
 	admit(b, 1)
@@ -228,6 +218,29 @@ func TestCloseReturnKeepsEveryWindow(t *testing.T) {
 	require.Positive(t, a.Stats().TokensExpired, "A closed holding nothing: the case proves nothing")
 	require.Zero(t, a.Stats().TokensReturned, "A's tokens went back under B's grant")
 	require.LessOrEqual(t, worst, int64(0), "a window over Burst + Rate·w")
+}
+
+// loneTrio returns three limiters of a policy of lim on standalone Redis,
+// each counting itself alone in the fleet (WithFleetSize(1)): each takes
+// a bucket's whole level as its lease.
+func loneTrio(t *testing.T, name string, lim Limit) (a, b, c *Limiter) {
+	lims := newFleet(t, 3, runPolicy(name, lim), standaloneDial, WithFleetSize(1))
+	return lims[0], lims[1], lims[2]
+}
+
+// admitOn returns a function that has a limiter admit one token at a
+// time on key "k", until refused or most times, adding each admission to
+// *adm.
+func admitOn(adm *[]admission) func(l *Limiter, most int) {
+	return func(l *Limiter, most int) {
+		for range most {
+			asked := time.Now()
+			if d, err := l.AllowN(context.Background(), "k", 1); err != nil || !d.Allowed {
+				return
+			}
+			*adm = append(*adm, admission{asked, time.Now()})
+		}
+	}
 }
 
 // burstsAndPauses has each limiter in turn admit on key until refused (at

@@ -69,15 +69,7 @@ func (c *Cell) Add(n, expiresAt int64) bool {
 	// Expiry first: a sweep that sees the old expiry may drain the new
 	// tokens too, which wastes them but never double-spends.
 	c.expiry.Store(expiresAt)
-	for {
-		cur := c.tokens.Load()
-		if cur < 0 {
-			return false
-		}
-		if c.tokens.CompareAndSwap(cur, cur+n) {
-			return true
-		}
-	}
+	return c.Put(n)
 }
 
 // Put adds n tokens under the lease's expiry and line as they are, and
