@@ -23,8 +23,9 @@ import (
 //   - lease, remote or grant: a refund goes into the key's lease (no store
 //     call; unspent, it goes back to the bucket with the lease), or back to
 //     the bucket when the key is not tracked; under WithStrictWindows only
-//     into the lease, under its line as it is, and what the line has
-//     passed lapses (see Limiter.refund); an extra is taken from the
+//     into the lease, under a line falling from the estimate at the
+//     charge, and what the line has passed lapses (see Limiter.refund); an
+//     extra is taken from the
 //     lease, then from the key's grant, and the rest is debited to the
 //     bucket (queued and sent at once, in the background).
 //   - degraded or fail-open: the outage debt the recovery charges grows by
@@ -132,23 +133,19 @@ func (c *Charge) Settled() bool { return c.settled.Load() }
 // may have refilled under a grant someone took after the charge, and
 // tokens given back under it would let a window see them and that grant's
 // both (+4 over Burst + Rate·w measured, TestChargeRefundKeepsEveryWindow).
-// They go into the lease under a line that keeps the bound, as if the
-// charge had leased its estimate and spent the actual at once: taken from
-// the lease, under the lease's own line (lease.Cell.Put: the cell holds
-// no more than before the charge); taken by a store call, under a line of
-// their own that falls from the estimate at the charge, a token per token
-// of refill (leaser.depositRefund). What a line has passed lapses.
+// They go into the lease as if the charge had leased its estimate and
+// spent the actual at once: under a line of their own that falls from the
+// estimate at the charge, a token per token of refill
+// (leaser.depositRefund). The charge's tokens obey such a line whether a
+// store call or the lease gave them: the lease held them under a line at
+// least that high, falling as fast. What the line has passed lapses.
 func (l *Limiter) refund(p *policyState, e *entry, c *Charge, n int64) {
 	if p.shaped {
 		return
 	}
 	if l.leaser.strict(p) {
-		switch {
-		case e == nil:
-		case c.Source == SourceRemote:
+		if e != nil {
 			l.leaser.depositRefund(e, n, c.at, c.estimate)
-		case e.lease.Put(n):
-			l.stats.tokensLeased.Add(n)
 		}
 		return
 	}

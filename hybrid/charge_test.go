@@ -254,3 +254,48 @@ func TestStrictRefundOfAStoreCallDecays(t *testing.T) {
 	require.Equal(t, calls, s.StoreCalls, "the refund made a store call")
 	require.Zero(t, s.TokensReturned, "the refund went to the bucket")
 }
+
+// TestStrictRefundFromALeaseDecays: the refund of a charge a decaying
+// lease paid for also falls from the estimate at the charge: two keys
+// with the same lease (about 1 000 tokens), one charged 500 and refunded
+// all of it 600 ms later, the other charged 500 and settled at 500; the
+// first can spend at most the 400 its refund's line has left more than
+// the second, and nothing more once 3 s (500 tokens of refill) have
+// passed since the charge (measured: 400 more, then 6 fewer).
+func TestStrictRefundFromALeaseDecays(t *testing.T) {
+	w := newFakeWorld()
+	l := w.limiter(t, Policy{Name: "refund-lease", Limit: Limit{Rate: 10_000, Period: time.Minute, Burst: 10_000}})
+	ctx := context.Background()
+	keys := []string{"refunded", "kept"}
+	for range 6 { // the first call takes 1, the next a lease
+		for _, k := range keys {
+			require.True(t, l.Allow(ctx, k))
+		}
+		quiesce(t, l)
+	}
+	charges := map[string]*Charge{}
+	for _, k := range keys {
+		ch, err := l.ChargeN(ctx, k, 500)
+		require.NoError(t, err)
+		require.Equal(t, SourceLease, ch.Source, "the estimate must be paid by the lease")
+		charges[k] = ch
+	}
+	w.clk.Advance(600 * time.Millisecond)
+	calls := l.Stats().StoreCalls
+	require.NoError(t, charges["refunded"].Settle(0))
+	require.NoError(t, charges["kept"].Settle(500))
+	more := func() int64 {
+		now := l.cfg.now()
+		return l.keys.load("refunded").live(now) - l.keys.load("kept").live(now)
+	}
+	d := more()
+	t.Logf("600 ms after the charge the refunded key can spend %d more", d)
+	if d <= 0 || d > 400 {
+		t.Fatalf("600 ms after the charge the refunded key can spend %d more, want 1 to 400", d)
+	}
+	w.clk.Advance(2500 * time.Millisecond)
+	if d := more(); d > 0 {
+		t.Fatalf("3.1 s after the charge the refunded key can spend %d more, want none (the merged line may keep it a little lower)", d)
+	}
+	require.Equal(t, calls, l.Stats().StoreCalls, "a store call")
+}

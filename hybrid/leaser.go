@@ -601,11 +601,11 @@ func (ls *leaser) depositFrom(e *entry, n int64, until, now mono, from storeMicr
 	}
 }
 
-// depositRefund puts n refunded tokens of a charge of estimate decided by
-// a store call at at in e's lease, under WithStrictWindows: under a line
-// that falls from the estimate at the charge a token per step of the
-// bucket, which the tokens the call took for the charge obey as a lease of
-// theirs would (see lifetime). Past its end they lapse.
+// depositRefund puts n refunded tokens of a charge of estimate decided at
+// at in e's lease, under WithStrictWindows: under a line that falls from
+// the estimate at the charge a token per step of the bucket, as a lease of
+// the charge's tokens would (see lifetime; AddDecaying keeps it apart from
+// the lease's other lines). Past its end they lapse.
 func (ls *leaser) depositRefund(e *entry, n int64, at mono, estimate int64) {
 	lim := ls.policy.load().tier(e).limits[0]
 	step := max(tokenStep(lim), 1) + 1

@@ -69,16 +69,6 @@ func (c *Cell) Add(n, expiresAt int64) bool {
 	// Expiry first: a sweep that sees the old expiry may drain the new
 	// tokens too, which wastes them but never double-spends.
 	c.expiry.Store(expiresAt)
-	return c.Put(n)
-}
-
-// Put adds n tokens under the lease's expiry and line as they are, and
-// returns false, adding nothing, if the lease is closed. Under a decaying
-// line (AddDecaying) they are spendable only while the line is above them,
-// so they never let the cell hold more than its line: what the line has
-// passed is dropped at the next TakeDecaying. May run concurrently with
-// the owner's writers.
-func (c *Cell) Put(n int64) bool {
 	for {
 		cur := c.tokens.Load()
 		if cur < 0 {

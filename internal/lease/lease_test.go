@@ -128,35 +128,3 @@ func BenchmarkTake(b *testing.B) {
 		})
 	})
 }
-
-// TestPutStaysUnderTheLine: tokens put back into a decaying lease are
-// spendable only while its line is above them, and a closed cell takes
-// none.
-func TestPutStaysUnderTheLine(t *testing.T) {
-	var c Cell
-	// 10 tokens under a line that reaches zero at 1 000 ns, a token per
-	// 100 ns: at 0 the line is at 10.
-	if ok, _, _ := c.AddDecaying(10, 1000, 0, 100, 1); !ok {
-		t.Fatal("AddDecaying on an open cell failed")
-	}
-	if ok, left, _ := c.TakeDecaying(8, 0); !ok || left != 2 {
-		t.Fatalf("take 8 of 10: ok %v, left %d", ok, left)
-	}
-	if !c.Put(8) {
-		t.Fatal("Put on an open cell failed")
-	}
-	for _, tc := range []struct{ now, want int64 }{
-		{0, 10}, {200, 8}, {550, 4}, {900, 1}, {999, 0}, {1000, 0},
-	} {
-		if got := c.Spendable(tc.now); got != tc.want {
-			t.Errorf("at %d ns: %d spendable, want %d (the line's height)", tc.now, got, tc.want)
-		}
-	}
-	if ok, _, decayed := c.TakeDecaying(1, 550); !ok || decayed != 6 {
-		t.Fatalf("take 1 at 550 ns: ok %v, %d dropped, want 6 dropped (10 held under a line of 4)", ok, decayed)
-	}
-	c.Close()
-	if c.Put(5) || c.Tokens() != 0 {
-		t.Fatal("Put on a closed cell added tokens")
-	}
-}
