@@ -26,9 +26,9 @@ import (
 // 100 less the settled costs; a call whose estimate exceeds the burst is
 // InvalidArgument. Leases that keep their tokens give all of them back at
 // Close; a decaying lease (the default) gives them back only while its
-// grant is the bucket's last write, and keeps a refund of a charge a store
-// call decided under a line of its own, which Close cannot give back (the
-// bucket then holds 20).
+// grant is the bucket's last write, and keeps a charge's refund under a
+// line of its own, which Close cannot give back (the bucket then holds
+// 20).
 func TestActualCost(t *testing.T) {
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
 	store := remote.NewMemory(clk)
