@@ -91,15 +91,14 @@ func WithClusterReload(on bool) RedisOption {
 //     against 18.0 (redis_rate: 13.3); at 1 and 16 goroutines no call
 //     overflows and nothing changes.
 //   - true sends every call through the pipeliner. Measured on the same
-//     keys with 16 goroutines (BenchmarkLimiters, impl=hybrid+autopipeline),
-//     each decision was about 1.3–1.8× slower than on the pool, whose
-//     connections carry calls in parallel, with a higher p99; with 256
-//     goroutines the two were within 15%. A pipeliner that waits after
-//     each flush to gather more (AutoPipelineOptions.MaxFlushDelay, one
-//     pipeline per short tick) makes a lone call wait for the tick: with
-//     100 µs, 1.03–1.33 ms per decision at 1 goroutine against 95–119 µs
-//     flushing at once, within 10% of it at 16 and 256 goroutines
-//     (impl=hybrid+autopipeline-tick).
+//     keys (BenchmarkLimiters, impl=hybrid+autopipeline), each decision
+//     was 1.4× slower than on the pool alone at 1 goroutine and 1.7× at
+//     16 (the pool's connections carry calls in parallel), and 1.4× faster
+//     at 256. A pipeliner that waits after each flush to gather more
+//     (AutoPipelineOptions.MaxFlushDelay, one pipeline per short tick)
+//     makes a lone call wait for the tick: with 100 µs, 651 µs per
+//     decision at 1 goroutine against 37 µs flushing at once
+//     (impl=hybrid+autopipeline-tick; docs/benchmarks.md has the run).
 //   - false sends every call on a pooled connection: a call beyond the
 //     pool waits for a connection (impl=hybrid+pool).
 func WithAutoPipeline(on bool) RedisOption {
