@@ -580,10 +580,8 @@ func (ls *leaser) depositFrom(e *entry, n int64, until, now mono, from storeMicr
 		ls.giveBack(e, n)
 		return
 	}
-	// A token per step of the bucket, rounded up: the line falls no
-	// slower than the bucket refills.
 	lim := p.tier(e).limits[0]
-	step := max(tokenStep(lim), 1) + 1
+	step := lineStep(lim)
 	e.mu.Lock() // the lease's writers are serialized
 	// The key's demand here against the rate its lines fall at.
 	ok, expired, alone := e.lease.AddDecaying(n, int64(until), int64(now), step, e.use(lim))
@@ -601,14 +599,18 @@ func (ls *leaser) depositFrom(e *entry, n int64, until, now mono, from storeMicr
 	}
 }
 
+// lineStep is the nanoseconds per token a decaying lease's line falls
+// under lim: a token per step of the bucket, rounded up, so that the line
+// falls no slower than the bucket refills.
+func lineStep(lim Limit) int64 { return max(tokenStep(lim), 1) + 1 }
+
 // depositRefund puts n refunded tokens of a charge of estimate decided at
 // at in e's lease, under WithStrictWindows: under a line that falls from
 // the estimate at the charge a token per step of the bucket, as a lease of
 // the charge's tokens would (see lifetime; AddDecaying keeps it apart from
 // the lease's other lines). Past its end they lapse.
 func (ls *leaser) depositRefund(e *entry, n int64, at mono, estimate int64) {
-	lim := ls.policy.load().tier(e).limits[0]
-	step := max(tokenStep(lim), 1) + 1
+	step := lineStep(ls.policy.load().tier(e).limits[0])
 	now := ls.cfg.now()
 	estimate = min(estimate, math.MaxInt64/4/step) // a line past any lease's life
 	if estimate > int64(now.sub(at))/step {        // else the line has ended

@@ -83,16 +83,6 @@ func (o *overflow) counter(ctx context.Context, key string) *atomic.Int64 {
 	return n.(*atomic.Int64)
 }
 
-// inFlight is how many calls are counted on all nodes.
-func (o *overflow) inFlight() int64 {
-	total := o.one.Load()
-	o.nodes.Range(func(_, n any) bool {
-		total += n.(*atomic.Int64).Load()
-		return true
-	})
-	return total
-}
-
 // pipeliner is the client's autopipeliner, built at the first call that
 // overflows a pool; nil when the client cannot build one (a closed client,
 // a bad AutoPipelineOptions), whose calls then take the pool.

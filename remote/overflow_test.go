@@ -189,3 +189,13 @@ func TestPipelineOverflowPerNode(t *testing.T) {
 	wg.Wait()
 	require.Zero(t, failed.Load(), "calls failed")
 }
+
+// inFlight is how many calls are counted on all nodes.
+func (o *overflow) inFlight() int64 {
+	total := o.one.Load()
+	o.nodes.Range(func(_, n any) bool {
+		total += n.(*atomic.Int64).Load()
+		return true
+	})
+	return total
+}
