@@ -79,7 +79,7 @@ func sampleOf(t *testing.T, s *Scenario) string {
 	var keep []string
 	for _, l := range strings.Split(buf.String(), "\n") {
 		switch {
-		case l == "", l == s.Description, strings.HasPrefix(l, "plots: "), strings.Contains(tableLegend, l):
+		case l == "", l == s.Description, strings.HasPrefix(l, "plots: "), strings.Contains(tableLegend, l), l == fullFloorLegend:
 			continue
 		}
 		keep = append(keep, wallTime.ReplaceAllString(l, ")"))

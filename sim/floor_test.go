@@ -94,3 +94,60 @@ func TestCallsByKind(t *testing.T) {
 		})
 	}
 }
+
+// TestFullFloorCounting: an admission is at the full-bucket floor when its
+// key's bucket, fed only admissions, stayed full for a token's refill
+// since its process's last decision on the key; a stretch full for less,
+// or one that ended before that decision, does not count.
+func TestFullFloorCounting(t *testing.T) {
+	lim := hybrid.Limit{Rate: 100, Period: time.Second, Burst: 10} // a token per 10 ms
+	ms := func(n float64) time.Duration { return time.Duration(n * float64(time.Millisecond)) }
+	for _, c := range []struct {
+		name   string
+		admits []float64 // ms, a token each, before the decision
+		last   float64   // the process's previous decision
+		now    float64
+		want   bool
+	}{
+		{"never drawn, full all along", nil, 100, 200, true},
+		{"full for less than a token's refill since the last decision", nil, 100, 109, false},
+		{"full for exactly a token's refill", nil, 100, 110, true},
+		{"drawn empty at 0, full again from 100", seq(0, 10), 150, 200, true},
+		{"drawn empty at 0, full only from 100", seq(0, 10), 50, 105, false},
+		{"full 100–130, drawn since, after the last decision", append(seq(0, 10), 130, 131, 132), 90, 140, true},
+		{"full 100–130, drawn since, before the last decision", append(seq(0, 10), 130, 131, 132), 135, 140, false},
+		{"full 100–105 only, drawn since", append(seq(0, 10), 105, 106, 107), 90, 140, false},
+		{"drawn 30 past empty (over-admitted): full only from 404", seq(0, 40), 50, 300, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFullFloor()
+			f.bucket("k", lim, 0)
+			for _, at := range c.admits {
+				f.admit("k", lim, 1, ms(at))
+			}
+			if got := f.needsCall("k", lim, ms(c.last), ms(c.now)); got != c.want {
+				t.Fatalf("at the floor: %v, want %v", got, c.want)
+			}
+		})
+	}
+	// Another key, or the same key under another limit, knows of no full
+	// stretch before its first decision.
+	f := newFullFloor()
+	if f.needsCall("other", lim, 0, ms(5)) {
+		t.Fatal("a key first seen now counted at the floor")
+	}
+	f.admit("k", lim, 1, 0)
+	if f.needsCall("k", hybrid.Limit{Rate: 50, Period: time.Second, Burst: 10}, ms(1), ms(5)) {
+		t.Fatal("a new limit counted a stretch from before it")
+	}
+}
+
+// seq is n admission times 0.1 ms apart from `from` (ms): drawn ten
+// times faster than a token's refill.
+func seq(from float64, n int) []float64 {
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = from + float64(i)/10
+	}
+	return out
+}

@@ -26,6 +26,7 @@ type phase struct {
 	offered, admitted, decisions, storeCalls, errors int64
 	idle                                             int64 // decisions at the idle floor (see recorder.seen)
 	capCalls                                         int64 // calls at the 10% lease floor (see recorder.spare)
+	fullCalls                                        int64 // admissions at the full-bucket floor, beyond idle (see fullFloor)
 	perKeyOffered, perKeyAdmitted                    map[string]int64
 	latencies                                        []time.Duration // non-zero decision latencies
 	zeroLatency                                      int64
@@ -75,6 +76,8 @@ type recorder struct {
 	// a grant) as a store call unless such a token, or a call made within
 	// joinWindow before, pays for it (see spareCall).
 	spare map[procKey]spareTokens
+	// full counts the full-bucket floor; nil where it is not counted.
+	full *fullFloor
 
 	// Costed traffic: every change of the charged cost, and the charges
 	// running now and at most.
@@ -135,6 +138,9 @@ func newRecorder(sc *Scenario, w *world) *recorder {
 		}
 	}
 	r.singleKey = len(keys) == 1
+	if !sc.Policy.shaped() && len(sc.Regions) == 0 {
+		r.full = newFullFloor()
+	}
 	r.addPhases(w.leaseTTL())
 	secs := int(math.Ceil(sc.DurationS))
 	r.perSecond = make([][]int64, secs)
@@ -323,6 +329,8 @@ func (r *recorder) decision(now time.Duration, proc int, key string, n int64, d 
 	pk := procKey{proc, key}
 	if last, ok := r.seen[pk]; !ok || now-last >= p.limit.DurationFor(p.limit.Burst) {
 		p.idle++
+	} else if d.Allowed && r.full != nil && r.full.needsCall(key, p.limit, last, now) {
+		p.fullCalls++
 	}
 	r.seen[pk] = now
 	if d.Allowed && (d.Source == hybrid.SourceLease || d.Source == hybrid.SourceRemote) && r.spareCall(pk, now, n, p.limit) {
@@ -342,6 +350,9 @@ func (r *recorder) decision(now time.Duration, proc int, key string, n int64, d 
 	}
 	p.admitted += n
 	p.perKeyAdmitted[key] += n
+	if r.full != nil {
+		r.full.admit(key, p.limit, n, now)
+	}
 	for len(r.perSecond[s]) <= proc {
 		r.perSecond[s] = append(r.perSecond[s], 0)
 	}
@@ -407,17 +418,41 @@ func (r *recorder) table(out io.Writer) {
 			p.percentile(0.5).Round(time.Microsecond), p.percentile(0.99).Round(time.Microsecond))
 	}
 	_ = tw.Flush()
-	var idle, capCalls, decisions int64
+	var idle, capCalls, fullCalls, decisions int64
 	for _, p := range r.phases {
 		idle, capCalls, decisions = idle+p.idle, capCalls+p.capCalls, decisions+p.decisions
+		fullCalls += p.fullCalls
 	}
 	per1k := func(n int64) float64 { return 1000 * float64(n) / math.Max(1, float64(decisions)) }
-	fmt.Fprintf(out, "idle floor: %.1f store calls/1000; 10%% lease floor: %.1f\n", per1k(idle), per1k(capCalls))
+	fmt.Fprintf(out, "idle floor: %.1f store calls/1000; 10%% lease floor: %.1f", per1k(idle), per1k(capCalls))
+	if r.full != nil {
+		fmt.Fprintf(out, "; full-bucket floor: %.1f", per1k(idle+fullCalls))
+	}
+	fmt.Fprintln(out)
 	c := &r.calls
 	fmt.Fprintf(out, "store calls/1000 by kind: leases %.1f (on keys at their limit %.1f), returns %.1f, debits %.1f, grants %.1f, fleet %.1f, policy %.1f\n",
 		per1k(c[callLease]), per1k(r.leasesAtLimit), per1k(c[callReturn]), per1k(c[callDebit]), per1k(c[callGrant]), per1k(c[callFleet]), per1k(c[callPolicy]))
 	fmt.Fprintln(out, tableLegend)
+	if r.full != nil {
+		fmt.Fprintln(out, fullFloorLegend)
+	}
 }
+
+// leaseCallsOverFloor is the run's lease calls above its full-bucket
+// floor per 1 000 decisions; false where the floor is not counted.
+func (r *recorder) leaseCallsOverFloor() (float64, bool) {
+	if r.full == nil {
+		return 0, false
+	}
+	var floor, decisions int64
+	for _, p := range r.phases {
+		floor, decisions = floor+p.idle+p.fullCalls, decisions+p.decisions
+	}
+	return 1000 * float64(r.calls[callLease]-floor) / math.Max(1, float64(decisions)), true
+}
+
+// fullFloorLegend says what the full-bucket floor counts (see fullFloor).
+const fullFloorLegend = `full-bucket floor: the idle floor plus admissions on a key whose bucket, fed only the run's admissions, stayed full for a token's refill since the process's last decision on it: calls any limiter needs that keeps the bound in every window and takes no token it does not admit.`
 
 // tableLegend says what the phase table's columns measure.
 const tableLegend = `servable: each key's offered demand capped at its exact bound Burst + Rate·w over the phase, summed over keys;
@@ -431,6 +466,9 @@ by kind: a batch is one call; a lease on a key at its limit was refused or futur
 func (r *recorder) verdict() []string {
 	t := r.sc.Targets
 	var miss []string
+	if over, ok := r.leaseCallsOverFloor(); ok && t.MaxLeaseCallsOverFloorPer1000 > 0 && over > t.MaxLeaseCallsOverFloorPer1000 {
+		miss = append(miss, fmt.Sprintf("%.1f lease calls per 1000 decisions above the full-bucket floor > %.1f", over, t.MaxLeaseCallsOverFloorPer1000))
+	}
 	for _, p := range r.phases {
 		bound, servable, over := p.bound()
 		switch p.name {

@@ -255,6 +255,10 @@ type Targets struct {
 	// MaxStoreCallsPer1000 bounds store calls per 1 000 decisions while
 	// healthy.
 	MaxStoreCallsPer1000 float64 `json:"max_store_calls_per_1000"`
+	// MaxLeaseCallsOverFloorPer1000 bounds the run's lease calls above its
+	// full-bucket floor, per 1 000 decisions (see fullFloor): heartbeats
+	// and policy reads, a fixed cost per process and second, are not in it.
+	MaxLeaseCallsOverFloorPer1000 float64 `json:"max_lease_calls_over_floor_per_1000"`
 	// MaxParentCallsPerSPerRegion bounds, in a tiered world, the calls
 	// each region makes to the world's store per second.
 	MaxParentCallsPerSPerRegion float64 `json:"max_parent_calls_per_s_per_region"`
