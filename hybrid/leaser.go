@@ -38,6 +38,7 @@ type leaser struct {
 	grants  *capacity             // told each key's demand, to ask for capacity grants
 	flights flightTable           // by user key only
 	workers workers               // run the flights callers wait for with a deadline
+	inline  inline                // or the caller flies its flight itself
 	calls   *background.Deadlines // lease calls' contexts: Close or the refill timeout ends them
 	timers  sync.Pool             // of clock.Timer, for callers waiting on a flight
 	offset  clock.Offset
@@ -210,10 +211,16 @@ var errSlowFlight = errs.Errorf("hybrid", "store slower than the store timeout: 
 // those tokens and asking again then finds them.
 func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome, error) {
 	f, lead := ls.flights.join(ls, e, need)
+	flown := false
 	if lead {
-		if need == 0 {
-			f.fly() // a background refill waits for its own flight
-		} else {
+		switch {
+		case need == 0:
+			f.fly(ls.calls) // a background refill waits for its own flight
+		case ls.inline.take(ctx, ls.cfg.now(), ls.cfg.storeTimeout):
+			f.fly(ls.inline.calls)
+			ls.inline.done()
+			flown = true
+		default:
 			ls.workers.run(f)
 		}
 	}
@@ -222,6 +229,11 @@ func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome
 		return f.out, f.err
 	}
 	defer f.leave()
+	if flown && ctx.Err() != nil {
+		// ctx ended during the call: as a caller waiting on a worker's
+		// flight would have left it (the call's tokens stay in the lease).
+		return fetchOutcome{}, ctx.Err()
+	}
 	select {
 	case <-f.done: // done already, or soon: no timer
 		return f.outcomeFor(need), f.err
@@ -261,7 +273,7 @@ func (ls *leaser) putTimer(t clock.Timer, clean bool) {
 
 // leaseFor is one flight: a lease call sized for every caller waiting on
 // e, unless an earlier flight already served them.
-func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
+func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (fetchOutcome, error) {
 	ls.policy.syncOnce(ls.bg.Ctx)
 	p := ls.policy.load()
 	start := ls.cfg.now()
@@ -300,16 +312,23 @@ func (ls *leaser) leaseFor(e *entry, need int64) (fetchOutcome, error) {
 	// Not the caller's context: joined callers share this call. Close ends
 	// it; the refill timeout bounds it.
 	e.callSince.Store(start + 1)
-	call := ls.calls.Take()
+	call := calls.Take()
 	res, err := ls.store.Lease(call.Context(), req)
+	cut := err != nil && errors.Is(call.Context().Err(), context.DeadlineExceeded)
 	call.Done()
 	e.callSince.Store(0)
 	if errors.Is(err, breaker.ErrOpen) {
 		return fetchOutcome{}, err // refused by the breaker: no call was made
 	}
 	ls.stats.storeCalls.Add(1)
+	ls.inline.observe(start, ls.cfg.now(), cut, ls.cfg.storeTimeout, ls.cfg.refillTimeout)
 	if err != nil {
 		ls.stats.storeErrors.Add(1)
+		if cut && calls == ls.inline.calls {
+			// Flown inline and cut short at the store timeout: decided
+			// as a caller that left a slow worker's flight is.
+			return fetchOutcome{}, errSlowFlight
+		}
 		if errors.Is(err, remote.ErrCorruptState) {
 			e.setCorrupt(err, ls.cfg.now().add(ls.cfg.leaseTTL))
 		}

@@ -16,7 +16,7 @@ const module = "github.com/leasehold/leasehold/"
 // low are the pieces local and remote build on: they may import each
 // other and the standard library (and go-redis), never the packages above
 // them or the test kit.
-var low = []string{"errs", "exact", "hooks", "keys", "lease", "lua"}
+var low = []string{"errs", "exact", "hooks", "keys", "lease", "lua", "redisopts"}
 
 // TestImportsPointDown: internal/'s low pieces import nothing of
 // leasehold's but each other; the test kit (internal/testkit) is imported

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/leasehold/leasehold/internal/redisopts"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -101,7 +102,7 @@ func (o *overflow) pipeliner() *redis.AutoPipeliner {
 // poolSize is the connections c's pool (a node's, on Cluster) holds at
 // most: go-redis's default of 10 per CPU when unset.
 func poolSize(c redis.UniversalClient) int {
-	if _, n, _ := clientSettings(c); n > 0 {
+	if _, n, _ := redisopts.Of(c); n > 0 {
 		return n
 	}
 	return 10 * runtime.GOMAXPROCS(0)

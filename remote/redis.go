@@ -6,6 +6,7 @@ import (
 	"errors"
 	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/exact"
+	"github.com/leasehold/leasehold/internal/redisopts"
 	"io"
 	"net"
 	"strconv"
@@ -137,7 +138,7 @@ func NewRedis(c redis.UniversalClient, opts ...RedisOption) *RedisStore {
 // checkClient reports settings of c that keep the store from meeting its
 // deadlines, for the client types go-redis provides.
 func checkClient(c redis.UniversalClient) error {
-	if enabled, _, known := clientSettings(c); known && !enabled {
+	if enabled, _, known := redisopts.Of(c); known && !enabled {
 		return errs.New("remote", "go-redis client without ContextTimeoutEnabled: in-flight calls ignore deadlines and a hung Redis holds them for ReadTimeout")
 	}
 	return nil
@@ -236,21 +237,6 @@ func (s *RedisStore) send(ctx context.Context, cmd redis.Cmder, key string) erro
 		return ap.Submit(ctx, cmd).WaitContext(ctx)
 	}
 	return s.c.Process(ctx, cmd)
-}
-
-// clientSettings reads the options of the client types go-redis
-// provides: whether deadlines reach in-flight reads, and the pool size;
-// known is false for other clients.
-func clientSettings(c redis.UniversalClient) (contextTimeout bool, pool int, known bool) {
-	switch c := c.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled, c.Options().PoolSize, true
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled, c.Options().PoolSize, true
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled, c.Options().PoolSize, true
-	}
-	return false, 0, false
 }
 
 // scriptCall is one call of a script: its keys, and the EVALSHA command

@@ -1,0 +1,112 @@
+package hybrid
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
+	"github.com/leasehold/leasehold/remote"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// TestLoneCallerFliesInline: a lone caller's cold decisions fly their own
+// store calls over a go-redis client whose reads end at their context's
+// deadline, so no worker starts; over a client without
+// ContextTimeoutEnabled (reads bounded by ReadTimeout, not the store
+// timeout) or a store that is not a RedisStore, a worker flies them and
+// the caller waits at most the store timeout.
+func TestLoneCallerFliesInline(t *testing.T) {
+	srv := redistest.Standalone(t)
+	for _, c := range []struct {
+		name   string
+		store  func(t *testing.T) remote.Store
+		inline bool
+	}{
+		{"RedisStore, ContextTimeoutEnabled", func(t *testing.T) remote.Store { return remote.NewRedis(srv.Client(t)) }, true},
+		{"RedisStore, no ContextTimeoutEnabled", func(t *testing.T) remote.Store {
+			return remote.NewRedis(srv.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = false }))
+		}, false},
+		{"MemoryStore", func(t *testing.T) remote.Store { return remote.NewMemory(clock.Real()) }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// A store timeout no call nears, however loaded the machine:
+			// no call counts as slow.
+			l, err := New(c.store(t), runPolicy("inline", Limit{Rate: 10, Period: time.Second, Burst: 10}), quiet, WithStoreTimeout(time.Minute))
+			require.NoError(t, err)
+			defer l.Close(context.Background())
+			ctx := context.Background()
+			calls := l.Stats().StoreCalls
+			for i := range 100 {
+				require.True(t, l.Allow(ctx, fmt.Sprintf("k%d", i)))
+			}
+			require.GreaterOrEqual(t, l.Stats().StoreCalls-calls, int64(100), "every decision on a new key is a store call")
+			if workers := l.leaser.workers.n.Load(); c.inline {
+				require.Zero(t, workers, "a lone caller over a deadline-honoring client flies its own calls")
+			} else {
+				require.Positive(t, workers, "calls are handed to workers")
+			}
+		})
+	}
+}
+
+// TestInlineCallCutAtTheStoreTimeout: with Redis paused, a lone caller's
+// cold decision flown inline is answered within the store timeout (its
+// call cut short there, decided as a caller that left a slow worker's
+// flight is); the next cold decisions go to workers, which carry a call
+// past the store timeout so its tokens still land; once Redis is back and
+// fast for the hold, callers fly inline again.
+func TestInlineCallCutAtTheStoreTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("pauses a Redis")
+	}
+	t.Parallel()
+	srv := redistest.NewServer(t)
+	const timeout = 200 * time.Millisecond
+	l, err := New(remote.NewRedis(srv.Client(t)), runPolicy("inline-cut", Limit{Rate: 1000, Period: time.Second, Burst: 1000}), quiet, WithStoreTimeout(timeout))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	require.True(t, l.Allow(ctx, "warm"))
+	require.Zero(t, l.leaser.workers.n.Load(), "flown inline while Redis is fast")
+
+	require.NoError(t, srv.Pause())
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = srv.Resume()
+		}
+	}()
+	start := time.Now()
+	_, err = l.AllowN(ctx, "cold-1", 1)
+	took := time.Since(start)
+	require.NoError(t, err, "a store slower than the store timeout is no error")
+	require.Less(t, took, timeout+100*time.Millisecond, "the inline call ends at the store timeout")
+	require.Zero(t, l.leaser.workers.n.Load(), "the cut call was flown inline")
+
+	// The store was slow: the next caller hands its call to a worker,
+	// waits the store timeout, and the call goes on.
+	_, err = l.AllowN(ctx, "cold-2", 1)
+	require.NoError(t, err)
+	require.Positive(t, l.leaser.workers.n.Load(), "after a cut call, flights go to workers")
+	require.NoError(t, srv.Resume())
+	resumed = true
+	// The worker's call lands when Redis answers: cold-2's tokens are in
+	// its lease.
+	eventually(t, "the worker's call to land", func() bool {
+		e := l.keys.load("cold-2")
+		return e != nil && e.answer.seen()
+	})
+
+	// Redis answers fast again: once the hold has passed and the sweeps
+	// have ended the idle workers, a lone caller flies inline again.
+	eventually(t, "idle workers to end", func() bool { return l.leaser.workers.n.Load() == 0 })
+	eventually(t, "the hold to pass", func() bool { return l.cfg.now() >= l.leaser.inline.slowUntil.Load() })
+	for i := range 20 {
+		require.True(t, l.Allow(ctx, fmt.Sprintf("after-%d", i)))
+	}
+	require.Zero(t, l.leaser.workers.n.Load(), "flown inline once Redis is fast again")
+}
