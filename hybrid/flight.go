@@ -226,7 +226,9 @@ func (w *workers) trim() {
 // their context's deadline, one flight at a time: a store that turns slow
 // costs at most one call cut short (its tokens, if the store granted
 // any, are lost, and the breaker counts it) before flights go back to
-// the workers.
+// the workers. A caller whose context is cancelled during its own call
+// returns ctx.Err() when the call returns (within the store timeout), the
+// call's tokens in the lease, as if it had left a worker's flight.
 type inline struct {
 	// on: the store is a RedisStore whose go-redis client has
 	// ContextTimeoutEnabled (see honorsDeadlines).

@@ -110,3 +110,30 @@ func TestInlineCallCutAtTheStoreTimeout(t *testing.T) {
 	}
 	require.Zero(t, l.leaser.workers.n.Load(), "flown inline once Redis is fast again")
 }
+
+// TestInlineCallerCancelled: a caller whose context is cancelled while it
+// flies its own call to a paused Redis returns ctx.Err() when the call
+// ends, within the store timeout, as one that left a worker's flight does
+// when its context ends.
+func TestInlineCallerCancelled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("pauses a Redis")
+	}
+	t.Parallel()
+	srv := redistest.NewServer(t)
+	const timeout = 200 * time.Millisecond
+	l, err := New(remote.NewRedis(srv.Client(t)), runPolicy("inline-cancel", Limit{Rate: 1000, Period: time.Second, Burst: 1000}), quiet, WithStoreTimeout(timeout))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	require.True(t, l.Allow(context.Background(), "warm"))
+	require.NoError(t, srv.Pause())
+	defer func() { _ = srv.Resume() }()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	start := time.Now()
+	_, err = l.AllowN(ctx, "cold", 1)
+	took := time.Since(start)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Less(t, took, timeout+100*time.Millisecond)
+	require.Zero(t, l.leaser.workers.n.Load(), "the call was flown inline")
+}

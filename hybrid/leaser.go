@@ -321,7 +321,8 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 		return fetchOutcome{}, err // refused by the breaker: no call was made
 	}
 	ls.stats.storeCalls.Add(1)
-	ls.inline.observe(start, ls.cfg.now(), cut, ls.cfg.storeTimeout, ls.cfg.refillTimeout)
+	now := ls.cfg.now()
+	ls.inline.observe(start, now, cut, ls.cfg.storeTimeout, ls.cfg.refillTimeout)
 	if err != nil {
 		ls.stats.storeErrors.Add(1)
 		if cut && calls == ls.inline.calls {
@@ -330,11 +331,10 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 			return fetchOutcome{}, errSlowFlight
 		}
 		if errors.Is(err, remote.ErrCorruptState) {
-			e.setCorrupt(err, ls.cfg.now().add(ls.cfg.leaseTTL))
+			e.setCorrupt(err, now.add(ls.cfg.leaseTTL))
 		}
 		return fetchOutcome{}, err
 	}
-	now := ls.cfg.now()
 	ls.stats.storeLatency.observe(float64(now-start) / 1e9)
 	ls.lastOK.Store(now)
 	ls.offset.Observe(ls.cfg.epoch.Add(time.Duration(start)), ls.cfg.epoch.Add(time.Duration(now)), res.Now)
