@@ -93,12 +93,12 @@ func WithClusterReload(on bool) RedisOption {
 //     overflows and nothing changes.
 //   - true sends every call through the pipeliner. Measured on the same
 //     keys (BenchmarkLimiters, impl=hybrid+autopipeline), each decision
-//     was 1.4× slower than on the pool alone at 1 goroutine and 1.7× at
-//     16 (the pool's connections carry calls in parallel), and 1.4× faster
+//     was 1.4× slower than on the pool alone at 1 goroutine and 3.0× at
+//     16 (the pool's connections carry calls in parallel), and 2.1× faster
 //     at 256. A pipeliner that waits after each flush to gather more
 //     (AutoPipelineOptions.MaxFlushDelay, one pipeline per short tick)
-//     makes a lone call wait for the tick: with 100 µs, 651 µs per
-//     decision at 1 goroutine against 37 µs flushing at once
+//     makes a lone call wait for the tick: with 100 µs, 625 µs per
+//     decision at 1 goroutine against 27 µs flushing at once
 //     (impl=hybrid+autopipeline-tick; docs/benchmarks.md has the run).
 //   - false sends every call on a pooled connection: a call beyond the
 //     pool waits for a connection (impl=hybrid+pool).
