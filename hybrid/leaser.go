@@ -309,8 +309,18 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 		}
 		return fetchOutcome{retry: w.sub(start), at: start}, nil
 	}
+	res, now, err := ls.call(e, req, calls, start)
+	if err != nil {
+		return fetchOutcome{}, err
+	}
+	return ls.apply(e, p, res, req.Need, waiters, start, now), nil
+}
+
+// call sends req for e with a context from calls (see flight.fly), sent at
+// start, and returns the store's reply and when it came.
+func (ls *leaser) call(e *entry, req remote.Request, calls *background.Deadlines, start mono) (remote.Result, mono, error) {
 	// Not the caller's context: joined callers share this call. Close ends
-	// it; the refill timeout bounds it.
+	// it; the refill timeout bounds it (the store timeout, flown inline).
 	e.callSince.Store(start + 1)
 	call := calls.Take()
 	res, err := ls.store.Lease(call.Context(), req)
@@ -318,7 +328,7 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 	call.Done()
 	e.callSince.Store(0)
 	if errors.Is(err, breaker.ErrOpen) {
-		return fetchOutcome{}, err // refused by the breaker: no call was made
+		return remote.Result{}, 0, err // refused by the breaker: no call was made
 	}
 	ls.stats.storeCalls.Add(1)
 	now := ls.cfg.now()
@@ -328,17 +338,17 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 		if cut && calls == ls.inline.calls {
 			// Flown inline and cut short at the store timeout: decided
 			// as a caller that left a slow worker's flight is.
-			return fetchOutcome{}, errSlowFlight
+			return remote.Result{}, 0, errSlowFlight
 		}
 		if errors.Is(err, remote.ErrCorruptState) {
 			e.setCorrupt(err, now.add(ls.cfg.leaseTTL))
 		}
-		return fetchOutcome{}, err
+		return remote.Result{}, 0, err
 	}
 	ls.stats.storeLatency.observe(float64(now-start) / 1e9)
 	ls.lastOK.Store(now)
 	ls.offset.Observe(ls.cfg.epoch.Add(time.Duration(start)), ls.cfg.epoch.Add(time.Duration(now)), res.Now)
-	return ls.apply(e, p, res, req.Need, waiters, start, now), nil
+	return res, now, nil
 }
 
 // request builds the lease request for e: sized for every caller waiting
