@@ -64,14 +64,8 @@ func TestInlineCallCutAtTheStoreTimeout(t *testing.T) {
 		t.Skip("pauses a Redis")
 	}
 	t.Parallel()
-	srv := redistest.NewServer(t)
-	const timeout = 200 * time.Millisecond
-	l, err := New(remote.NewRedis(srv.Client(t)), runPolicy("inline-cut", Limit{Rate: 1000, Period: time.Second, Burst: 1000}), quiet, WithStoreTimeout(timeout))
-	require.NoError(t, err)
-	defer l.Close(context.Background())
+	srv, l := inlineOnOwnRedis(t, "inline-cut")
 	ctx := context.Background()
-	require.True(t, l.Allow(ctx, "warm"))
-	require.Zero(t, l.leaser.workers.n.Load(), "flown inline while Redis is fast")
 
 	require.NoError(t, srv.Pause())
 	resumed := false
@@ -81,10 +75,10 @@ func TestInlineCallCutAtTheStoreTimeout(t *testing.T) {
 		}
 	}()
 	start := time.Now()
-	_, err = l.AllowN(ctx, "cold-1", 1)
+	_, err := l.AllowN(ctx, "cold-1", 1)
 	took := time.Since(start)
 	require.NoError(t, err, "a store slower than the store timeout is no error")
-	require.Less(t, took, timeout+100*time.Millisecond, "the inline call ends at the store timeout")
+	require.Less(t, took, inlineTimeout+100*time.Millisecond, "the inline call ends at the store timeout")
 	require.Zero(t, l.leaser.workers.n.Load(), "the cut call was flown inline")
 
 	// The store was slow: the next caller hands its call to a worker,
@@ -120,20 +114,31 @@ func TestInlineCallerCancelled(t *testing.T) {
 		t.Skip("pauses a Redis")
 	}
 	t.Parallel()
-	srv := redistest.NewServer(t)
-	const timeout = 200 * time.Millisecond
-	l, err := New(remote.NewRedis(srv.Client(t)), runPolicy("inline-cancel", Limit{Rate: 1000, Period: time.Second, Burst: 1000}), quiet, WithStoreTimeout(timeout))
-	require.NoError(t, err)
-	defer l.Close(context.Background())
-	require.True(t, l.Allow(context.Background(), "warm"))
+	srv, l := inlineOnOwnRedis(t, "inline-cancel")
 	require.NoError(t, srv.Pause())
 	defer func() { _ = srv.Resume() }()
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(20*time.Millisecond, cancel)
 	start := time.Now()
-	_, err = l.AllowN(ctx, "cold", 1)
+	_, err := l.AllowN(ctx, "cold", 1)
 	took := time.Since(start)
 	require.ErrorIs(t, err, context.Canceled)
-	require.Less(t, took, timeout+100*time.Millisecond)
+	require.Less(t, took, inlineTimeout+100*time.Millisecond)
 	require.Zero(t, l.leaser.workers.n.Load(), "the call was flown inline")
+}
+
+// inlineTimeout is the store timeout of inlineOnOwnRedis's limiter.
+const inlineTimeout = 200 * time.Millisecond
+
+// inlineOnOwnRedis starts a Redis of the test's own, to pause, and a
+// limiter over it with a store timeout of inlineTimeout, closed when the test
+// ends, whose first cold decision was flown inline.
+func inlineOnOwnRedis(t *testing.T, name string) (*redistest.Server, *Limiter) {
+	srv := redistest.NewServer(t)
+	l, err := New(remote.NewRedis(srv.Client(t)), runPolicy(name, Limit{Rate: 1000, Period: time.Second, Burst: 1000}), quiet, WithStoreTimeout(inlineTimeout))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	require.True(t, l.Allow(context.Background(), "warm"))
+	require.Zero(t, l.leaser.workers.n.Load(), "flown inline while Redis is fast")
+	return srv, l
 }
