@@ -240,27 +240,30 @@ type inline struct {
 	// slowUntil: no flight is flown inline before then, after a call that
 	// took over half the store timeout or was cut short.
 	slowUntil atomicMono
+	// timeout is the store timeout; hold, how long flights stay on the
+	// workers after a slow call (the refill timeout).
+	timeout, hold time.Duration
 }
 
-// inlineSlack is how much sooner than the store timeout an inline call
-// may end: calls starting within it share a context (see
+// newInline builds the inline flights of cfg under parent (Close ends
+// their calls). A call may end up to an eighth of the store timeout
+// early: calls starting within that share a context (see
 // background.Deadlines).
-func inlineSlack(storeTimeout time.Duration) time.Duration { return storeTimeout / 8 }
-
-func newInline(on bool, parent context.Context, storeTimeout time.Duration) inline {
-	slack := inlineSlack(storeTimeout)
-	return inline{on: on, calls: background.NewDeadlines(parent, storeTimeout-slack, slack)}
+func newInline(on bool, parent context.Context, cfg *config) inline {
+	slack := cfg.storeTimeout / 8
+	return inline{on: on, calls: background.NewDeadlines(parent, cfg.storeTimeout-slack, slack),
+		timeout: cfg.storeTimeout, hold: cfg.refillTimeout}
 }
 
-// take reports whether a caller with ctx may fly its flight at now; it
-// then calls done when the flight has landed. A caller whose context ends
-// before the store timeout waits for a worker's flight instead, which it
-// can leave at its deadline.
-func (in *inline) take(ctx context.Context, now mono, storeTimeout time.Duration) bool {
+// take reports whether a caller with ctx may fly its flight at now; the
+// caller then calls done when the flight has landed. A caller whose
+// context ends before the store timeout waits for a worker's flight
+// instead, which it can leave at its deadline.
+func (in *inline) take(ctx context.Context, now mono) bool {
 	if !in.on || now < in.slowUntil.Load() {
 		return false
 	}
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < storeTimeout {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < in.timeout {
 		return false
 	}
 	return in.busy.CompareAndSwap(false, true)
@@ -269,11 +272,11 @@ func (in *inline) take(ctx context.Context, now mono, storeTimeout time.Duration
 func (in *inline) done() { in.busy.Store(false) }
 
 // observe notes a call that took from start to now, cut short or not:
-// flights go back to the workers for hold when it took over half of
-// timeout.
-func (in *inline) observe(start, now mono, cut bool, timeout, hold time.Duration) {
-	if in.on && (cut || now.sub(start) > timeout/2) {
-		in.slowUntil.Store(now.add(hold))
+// flights go back to the workers for the hold when it took over half the
+// store timeout.
+func (in *inline) observe(start, now mono, cut bool) {
+	if in.on && (cut || now.sub(start) > in.timeout/2) {
+		in.slowUntil.Store(now.add(in.hold))
 	}
 }
 

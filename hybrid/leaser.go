@@ -216,7 +216,7 @@ func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome
 		switch {
 		case need == 0:
 			f.fly(ls.calls) // a background refill waits for its own flight
-		case ls.inline.take(ctx, ls.cfg.now(), ls.cfg.storeTimeout):
+		case ls.inline.take(ctx, ls.cfg.now()):
 			f.fly(ls.inline.calls)
 			ls.inline.done()
 			flown = true
@@ -332,7 +332,7 @@ func (ls *leaser) call(e *entry, req remote.Request, calls *background.Deadlines
 	}
 	ls.stats.storeCalls.Add(1)
 	now := ls.cfg.now()
-	ls.inline.observe(start, now, cut, ls.cfg.storeTimeout, ls.cfg.refillTimeout)
+	ls.inline.observe(start, now, cut)
 	if err != nil {
 		ls.stats.storeErrors.Add(1)
 		if cut && calls == ls.inline.calls {
