@@ -24,12 +24,18 @@ const ratioRounds = 5
 // TestZipfRatios runs hybrid (default and lenient) and redis_rate on the
 // Zipf workload at every concurrency level, ratioRounds times in turn on
 // one real Redis, and prints the median of each round's throughput ratio
-// against redis_rate and the medians of each row's p99 and p99.9: what
-// one run of BenchmarkLimiters cannot settle. It takes about 5 minutes,
-// so it runs in make bench (LEASEHOLD_BENCH_RATIOS=1), not make test.
+// against redis_rate, of each round's ratio of client CPU per store call
+// to redis_rate's, and the medians of each row's p99 and p99.9: what one
+// run of BenchmarkLimiters cannot settle. It takes about 16 minutes, so
+// it runs in make bench (LEASEHOLD_BENCH_RATIOS=1), not make test;
+// LEASEHOLD_BENCH_GOROUTINES (say "1" or "1,16") runs only those levels.
 func TestZipfRatios(t *testing.T) {
 	if os.Getenv("LEASEHOLD_BENCH_RATIOS") == "" {
 		t.Skip("set LEASEHOLD_BENCH_RATIOS=1 (make bench)")
+	}
+	levels, err := ratioLevels(os.Getenv("LEASEHOLD_BENCH_GOROUTINES"))
+	if err != nil {
+		t.Fatal(err)
 	}
 	srv := redistest.Standalone(t)
 	w := workloads[2]
@@ -50,8 +56,8 @@ func TestZipfRatios(t *testing.T) {
 	flush := srv.Client(t)
 	var out strings.Builder
 	fmt.Fprintf(&out, "medians of %d rounds, %s:\n", ratioRounds, w.name)
-	fmt.Fprintf(&out, "%-10s %-14s %12s %10s %12s %12s %14s\n", "goroutines", "impl", "ns/op", "× rr", "p99 ms", "p99.9 ms", "calls/1000")
-	for _, par := range goroutines {
+	fmt.Fprintf(&out, "%-10s %-14s %12s %10s %12s %12s %14s %14s\n", "goroutines", "impl", "ns/op", "× rr", "p99 ms", "p99.9 ms", "calls/1000", "cpu/call × rr")
+	for _, par := range levels {
 		// rows[i][r] is impl i's result in round r.
 		rows := make([][]testing.BenchmarkResult, len(impls))
 		for range ratioRounds {
@@ -67,9 +73,12 @@ func TestZipfRatios(t *testing.T) {
 			}
 		}
 		for i, im := range impls {
-			ratios := make([]float64, ratioRounds)
+			ratios, cpu := make([]float64, ratioRounds), make([]float64, ratioRounds)
 			for r := range ratioRounds {
 				ratios[r] = float64(rows[0][r].NsPerOp()) / float64(rows[i][r].NsPerOp())
+				// redis_rate makes a store call per decision: its CPU per
+				// call is its CPU per decision.
+				cpu[r] = rows[i][r].Extra["client-cpu-us/call"] / rows[0][r].Extra["client-cpu-us/call"]
 			}
 			med := func(f func(testing.BenchmarkResult) float64) float64 {
 				v := make([]float64, ratioRounds)
@@ -78,14 +87,31 @@ func TestZipfRatios(t *testing.T) {
 				}
 				return median(v)
 			}
-			fmt.Fprintf(&out, "%-10d %-14s %12.0f %10.2f %12.2f %12.2f %14.1f\n", par, im.name,
+			fmt.Fprintf(&out, "%-10d %-14s %12.0f %10.2f %12.2f %12.2f %14.1f %14.2f\n", par, im.name,
 				med(func(r testing.BenchmarkResult) float64 { return float64(r.NsPerOp()) }), median(ratios),
 				med(func(r testing.BenchmarkResult) float64 { return r.Extra["p99-ns"] / 1e6 }),
 				med(func(r testing.BenchmarkResult) float64 { return r.Extra["p99.9-ns"] / 1e6 }),
-				med(func(r testing.BenchmarkResult) float64 { return r.Extra["storecalls/1000"] }))
+				med(func(r testing.BenchmarkResult) float64 { return r.Extra["storecalls/1000"] }), median(cpu))
 		}
 	}
 	t.Log("\n" + out.String())
+}
+
+// ratioLevels is the concurrency levels TestZipfRatios runs: all of
+// goroutines, or those listed in env ("1,16").
+func ratioLevels(env string) ([]int, error) {
+	if env == "" {
+		return goroutines, nil
+	}
+	var levels []int
+	for f := range strings.SplitSeq(env, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || !slices.Contains(goroutines, n) {
+			return nil, fmt.Errorf("LEASEHOLD_BENCH_GOROUTINES=%q: %q is not one of %v", env, f, goroutines)
+		}
+		levels = append(levels, n)
+	}
+	return levels, nil
 }
 
 // median is the middle of v (the mean of the two middle values for an
@@ -123,7 +149,7 @@ func ratiosTable(path string) (string, error) {
 	defer f.Close()
 	commit := "?"
 	// med[goroutines][impl] is the line's fields after the impl's name:
-	// ns/op, × rr, p99 ms, p99.9 ms, calls/1000.
+	// ns/op, × rr, p99 ms, p99.9 ms, calls/1000, cpu/call × rr.
 	med := map[string]map[string][]string{}
 	var order []string
 	sc := bufio.NewScanner(f)
@@ -134,7 +160,7 @@ func ratiosTable(path string) (string, error) {
 			continue
 		}
 		fs := strings.Fields(line)
-		if len(fs) != 7 {
+		if len(fs) != 8 {
 			continue
 		}
 		if _, err := strconv.Atoi(fs[0]); err != nil {
@@ -154,14 +180,14 @@ func ratiosTable(path string) (string, error) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "The last run (commit %s):\n\n", commit)
-	b.WriteString("| goroutines | hybrid × redis_rate | hybrid+lenient × redis_rate | p99 ms: hybrid / lenient / redis_rate | p99.9 ms: hybrid / lenient / redis_rate |\n")
-	b.WriteString("|---|---|---|---|---|\n")
+	b.WriteString("| goroutines | hybrid × redis_rate | hybrid+lenient × redis_rate | p99 ms: hybrid / lenient / redis_rate | p99.9 ms: hybrid / lenient / redis_rate | client CPU per store call × redis_rate's: hybrid / lenient |\n")
+	b.WriteString("|---|---|---|---|---|---|\n")
 	for _, g := range order {
 		h, st, rr := med[g]["hybrid"], med[g]["hybrid+lenient"], med[g]["redis_rate"]
 		if h == nil || st == nil || rr == nil {
 			return "", fmt.Errorf("%s: goroutines=%s lacks a row", path, g)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s / %s / %s | %s / %s / %s |\n", g, h[1], st[1], h[2], st[2], rr[2], h[3], st[3], rr[3])
+		fmt.Fprintf(&b, "| %s | %s | %s | %s / %s / %s | %s / %s / %s | %s / %s |\n", g, h[1], st[1], h[2], st[2], rr[2], h[3], st[3], rr[3], h[5], st[5])
 	}
 	return b.String(), nil
 }
