@@ -7,7 +7,10 @@
 // BenchmarkLimiters runs each implementation on a hot key, 1 024 uniform
 // keys and 100 000 Zipf (s = 1.1) keys at 10/s each, with 1, 16 and 256
 // goroutines; BenchmarkAtLimit runs one key at its limit (2 000/s, burst
-// 200) from 4 OS processes of 16 goroutines. Each reports, besides ns/op
+// 200) from 4 OS processes of 16 goroutines; BenchmarkColdDecisions runs
+// hybrid and redis_rate on keys the process has not seen, so that every
+// decision needs the store, beside BenchmarkEvalShaFloor, what go-redis
+// alone allocates per EVALSHA. Each reports, besides ns/op
 // and allocs: store calls per 1 000 decisions (commands on the wire,
 // counted by a go-redis hook: leases, returns, heartbeats, policy reads),
 // Redis CPU µs per 1 000 decisions (INFO cpu), p50/p99/p99.9 decision
