@@ -54,7 +54,7 @@ type Settings struct {
 // concurrent use. The zero value is not usable; call NewStore.
 type Store struct {
 	next    remote.Store
-	cb      *gobreaker.TwoStepCircuitBreaker[struct{}]
+	cb      *gobreaker.CircuitBreaker[struct{}]
 	latency time.Duration
 	timeout time.Duration
 	maxBack time.Duration
@@ -131,7 +131,7 @@ func NewStore(next remote.Store, st Settings) *Store {
 		s.notify.add(stateChange{name, from, to})
 	}
 	bs.Timeout = time.Nanosecond // see Store.clk
-	s.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](bs)
+	s.cb = gobreaker.NewCircuitBreaker[struct{}](bs)
 	return s
 }
 
@@ -181,9 +181,7 @@ func (s *Store) reportTimeout() {
 	if s.cb.State() != gobreaker.StateClosed {
 		return
 	}
-	if done, err := s.cb.Allow(); err == nil {
-		done(errSlow)
-	}
+	s.failOnce()
 }
 
 // checkStalled opens a closed breaker whose oldest call in flight began
@@ -194,10 +192,20 @@ func (s *Store) checkStalled() {
 		return
 	}
 	defer s.notify.flush()
-	if done, err := s.cb.Allow(); err == nil {
+	if s.failOnce() {
 		s.stallSeen.Store(true)
-		done(errSlow)
 	}
+}
+
+// failOnce counts a failed call on the breaker unless it refuses calls,
+// and reports whether it counted one.
+func (s *Store) failOnce() bool {
+	counted := false
+	_, _ = s.cb.Execute(func() (struct{}, error) {
+		counted = true
+		return struct{}{}, errSlow
+	})
+	return counted
 }
 
 // inflight is the start times of the calls in flight. Tickets rise with
@@ -254,27 +262,34 @@ func (s *Store) call(fn func() error) error {
 	if s.cb.State() == gobreaker.StateHalfOpen && s.clk.Now().UnixNano() < s.nextProbe.Load() {
 		return errs.Errorf("breaker", "%w (probe backoff): %w", ErrOpen, remote.ErrUnavailable)
 	}
-	done, err := s.cb.Allow()
-	if err != nil {
+	// Execute rather than the two-step breaker's Allow: Allow's completion
+	// callback was an allocation on every store call.
+	ran := false
+	_, err := s.cb.Execute(func() (struct{}, error) {
+		ran = true
+		start := s.clk.Now()
+		// In flight is timed on the process's real clock, whatever Clock
+		// is: a hung call is one this process is waiting on, and a manual
+		// or simulated clock that jumps while a quick call runs must not
+		// make it look hung.
+		id := s.inflight.begin(time.Now())
+		err := fn()
+		s.inflight.end(id)
+		if err == nil && s.clk.Now().Sub(start) > s.latency {
+			return struct{}{}, errSlow // the answer is still good; only the health verdict changes
+		}
+		if errors.Is(err, remote.ErrUnreachable) {
+			s.downSeen.Store(true)
+		}
+		return struct{}{}, err
+	})
+	s.downSeen.Store(false)
+	if !ran {
 		return errs.Errorf("breaker", "%w: %w: %w", ErrOpen, err, remote.ErrUnavailable)
 	}
-	start := s.clk.Now()
-	// In flight is timed on the process's real clock, whatever Clock is: a
-	// hung call is one this process is waiting on, and a manual or
-	// simulated clock that jumps while a quick call runs must not make it
-	// look hung.
-	id := s.inflight.begin(time.Now())
-	err = fn()
-	s.inflight.end(id)
-	if err == nil && s.clk.Now().Sub(start) > s.latency {
-		done(errSlow)
-		return nil // the answer is still good; only the health verdict changes
+	if errors.Is(err, errSlow) {
+		return nil
 	}
-	if errors.Is(err, remote.ErrUnreachable) {
-		s.downSeen.Store(true)
-	}
-	done(err)
-	s.downSeen.Store(false)
 	return err
 }
 

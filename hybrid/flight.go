@@ -28,6 +28,10 @@ import (
 
 // flight is one store call for a key, and its outcome once done closes.
 type flight struct {
+	// done is made by the first caller that waits for the flight (see
+	// wait), under the table's lock: a caller flying its own flight, alone,
+	// waits for nothing, and the channel was an allocation of every cold
+	// decision.
 	done chan struct{}
 	out  fetchOutcome
 	err  error
@@ -74,7 +78,7 @@ func (t *flightTable) join(ls *leaser, e *entry, need int64) (f *flight, lead bo
 		if t.m == nil {
 			t.m = map[string]*flight{}
 		}
-		f = &flight{done: make(chan struct{}), ls: ls, e: e, need: need}
+		f = &flight{ls: ls, e: e, need: need}
 		f.refs.Store(1) // the flight's own, until it is done
 		t.m[e.key] = f
 		lead = true
@@ -86,16 +90,39 @@ func (t *flightTable) join(ls *leaser, e *entry, need int64) (f *flight, lead bo
 }
 
 // finish records f's outcome and releases those who joined it; a caller
-// arriving after it starts a flight of its own.
+// arriving after it starts a flight of its own. The outcome is written
+// before the lock: a caller that asks for the channel after finish gets
+// one already closed, and reads the outcome through the lock.
 func (t *flightTable) finish(key string, f *flight, out fetchOutcome, err error) {
-	t.mu.Lock()
-	delete(t.m, key)
-	t.mu.Unlock()
 	f.out, f.err = out, err
 	f.handout.Store(out.handout)
-	close(f.done)
+	t.mu.Lock()
+	delete(t.m, key)
+	done := f.done
+	f.done = closedDone
+	t.mu.Unlock()
+	if done != nil {
+		close(done)
+	}
 	f.leave()
 }
+
+// wait returns the channel that closes when f is done.
+func (t *flightTable) wait(f *flight) <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if f.done == nil {
+		f.done = make(chan struct{})
+	}
+	return f.done
+}
+
+// closedDone is the done of every finished flight.
+var closedDone = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // leave ends a reference to f (a caller with a need, or the flight once
 // done); the last drops the handout no caller took. Those tokens were

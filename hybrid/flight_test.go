@@ -114,7 +114,7 @@ func TestFlightAfterCloseEndsInline(t *testing.T) {
 	before := spawn.Count()
 	l.leaser.workers.run(f)
 	select {
-	case <-f.done:
+	case <-l.leaser.flights.wait(f):
 	default:
 		t.Fatal("a flight handed over after Close is still under way")
 	}
@@ -198,4 +198,50 @@ func TestHandoutNoCallerTookIsDropped(t *testing.T) {
 			require.Zero(t, f.handout.Load())
 		})
 	}
+}
+
+// TestColdDecisionAllocations: a decision on a key the process has not
+// seen, flown by its caller, allocates at most 3 times more than the
+// store's lease on an unseen bucket (TestLeaseAllocationsOnRealRedis
+// bounds that against go-redis's own): the key's entry, its key's copy
+// (the caller's string may share a larger buffer the table would keep
+// alive) and the flight. The flight's channel, made for every flight
+// though a caller flying its own waits on nothing, was a 4th, and
+// gobreaker's two-step completion callback a 5th.
+func TestColdDecisionAllocations(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneDial(t)
+	p := runPolicy("cold-allocs", Limit{Rate: 10, Period: time.Second, Burst: 10})
+	l, err := New(remote.NewRedis(c), p, quiet, WithStoreTimeout(time.Minute))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	const runs = 500
+	keys := make([]string, 2*(runs+1))
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+	}
+	require.True(t, l.Allow(ctx, "warm"))
+	next := 0
+	decisions := testing.AllocsPerRun(runs, func() {
+		if !l.Allow(ctx, keys[next]) {
+			t.Fatal("a cold key's first decision was refused")
+		}
+		next++
+	})
+	require.Equal(t, int64(runs+2), l.Stats().StoreCalls, "every decision is a store call")
+	store := remote.NewRedis(c)
+	reqs := make([]remote.Request, runs+1)
+	for i := range reqs {
+		reqs[i] = remote.Request{Prefix: l.cfg.prefix, Policy: p.Name, Key: keys[runs+1+i], Limit: p.Limit,
+			Version: 1, N: 2, Min: 1, Need: 1}
+	}
+	next = 0
+	leases := testing.AllocsPerRun(runs, func() {
+		if _, err := store.Lease(ctx, reqs[next]); err != nil {
+			t.Fatal(err)
+		}
+		next++
+	})
+	t.Logf("cold decision: %v allocations; the store's lease alone: %v", decisions, leases)
+	require.LessOrEqual(t, decisions, leases+3, "a cold decision allocates %v times, the store's lease %v", decisions, leases)
 }

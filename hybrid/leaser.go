@@ -225,23 +225,31 @@ func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome
 		}
 	}
 	if need == 0 {
-		<-f.done
+		if lead {
+			return f.out, f.err // flown above
+		}
+		<-ls.flights.wait(f)
 		return f.out, f.err
 	}
 	defer f.leave()
-	if flown && ctx.Err() != nil {
-		// ctx ended during the call: as a caller waiting on a worker's
-		// flight would have left it (the call's tokens stay in the lease).
-		return fetchOutcome{}, ctx.Err()
+	if flown {
+		if ctx.Err() != nil {
+			// ctx ended during the call: as a caller waiting on a
+			// worker's flight would have left it (the call's tokens stay
+			// in the lease).
+			return fetchOutcome{}, ctx.Err()
+		}
+		return f.outcomeFor(need), f.err
 	}
+	done := ls.flights.wait(f)
 	select {
-	case <-f.done: // done already, or soon: no timer
+	case <-done: // done already, or soon: no timer
 		return f.outcomeFor(need), f.err
 	default:
 	}
 	t := ls.waitTimer()
 	select {
-	case <-f.done:
+	case <-done:
 		ls.putTimer(t, t.Stop())
 		return f.outcomeFor(need), f.err
 	case <-t.C():

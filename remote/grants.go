@@ -227,6 +227,7 @@ func (s *RedisStore) grantCall(ctx context.Context, op Op, r GrantRequest, unspe
 	if err != nil {
 		return Result{}, s.failed(key, err)
 	}
+	defer call.release()
 	return parseReply(key, v)
 }
 

@@ -203,6 +203,7 @@ func (s *RedisStore) do(ctx context.Context, op Op, r Request) (Result, error) {
 	if err != nil {
 		return Result{}, s.failed(call.keys[0], err)
 	}
+	defer call.release()
 	return parseReply(call.keys[0], v)
 }
 
@@ -212,7 +213,9 @@ func (s *RedisStore) do(ctx context.Context, op Op, r Request) (Result, error) {
 func (s *RedisStore) eval(ctx context.Context, call *scriptCall) (any, error) {
 	cmd := call.command(ctx)
 	err := s.send(ctx, cmd, call.keys[0])
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+	// err != nil first: HasErrorPrefix's errors.As costs an allocation
+	// even on nil.
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		// EVAL caches the script again for the next EVALSHA.
 		return call.script.Eval(ctx, s.c, call.keys, call.args()...).Result()
 	}
@@ -246,6 +249,20 @@ type scriptCall struct {
 	script *redis.Script
 	keys   []string
 	cmd    []any // "evalsha", the hash, len(keys), the keys, the arguments
+	// room, when set, is the pooled bucketCall that holds keys and cmd.
+	room *bucketCall
+}
+
+// release gives the call's room back for another call. Only a call whose
+// command completed may release it: a command an autopipeliner still
+// holds (its caller's context ended first) would be sent with another
+// call's keys and arguments.
+func (c *scriptCall) release() {
+	if b := c.room; b != nil {
+		clear(b.cmdRoom[:len(b.cmd)])
+		*b = bucketCall{}
+		bucketCalls.Put(b)
+	}
 }
 
 // newScriptCall returns a call of script (its hash boxed as sha) on keys
@@ -336,6 +353,7 @@ func (s *RedisStore) Batch(ctx context.Context, op Op, rs []Request) []Reply {
 			continue
 		}
 		out[i].Result, out[i].Err = parseReply(calls[i].keys[0], v)
+		calls[i].release()
 	}
 	return out
 }
@@ -384,7 +402,9 @@ func (c *argCache) limit(m exact.Micros, maxDelay int64) *[4]any {
 
 // bucketCall is a call of the bucket script and the room for its keys and
 // command, in one allocation (a cold decision's store call made 4 of its
-// own before go-redis's: two slices and two key strings).
+// own before go-redis's: two slices and two key strings), kept in
+// bucketCalls for reuse: at 512 bytes it was a third of a cold decision's
+// garbage (BenchmarkColdDecisions).
 type bucketCall struct {
 	scriptCall
 	keyRoom [2]string
@@ -394,12 +414,18 @@ type bucketCall struct {
 // newBucketCall returns a call of the bucket script on r's bucket and
 // grants keys, its arguments to be appended to cmd.
 func newBucketCall(r *Request) *bucketCall {
-	call := new(bucketCall)
+	call, _ := bucketCalls.Get().(*bucketCall)
+	if call == nil {
+		call = new(bucketCall)
+	}
 	call.keyRoom[0], call.keyRoom[1] = bucketKeys(r)
-	call.scriptCall = scriptCall{script: bucketScript, keys: call.keyRoom[:]}
+	call.scriptCall = scriptCall{script: bucketScript, keys: call.keyRoom[:], room: call}
 	call.cmd = appendHead(call.cmdRoom[:0], bucketSHA, call.keys)
 	return call
 }
+
+// bucketCalls keeps released bucketCalls (see scriptCall.release).
+var bucketCalls sync.Pool
 
 // scriptArgs validates r and returns the call of the script that keeps its
 // bucket (bucketLua, or shapeLua for a shaped request) on its keys (the
