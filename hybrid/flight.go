@@ -242,7 +242,7 @@ func (w *workers) trim() {
 
 // inline lets the caller that leads a flight fly it itself, when that
 // keeps every promise a worker keeps: handing a flight to a worker and
-// waiting for it costs a lone caller two goroutine switches and the wake
+// waiting for it costs a caller two goroutine switches and the wake
 // of an idle thread (measured on 100 000 Zipf keys at 1 goroutine,
 // BenchmarkLimiters: 94 and 71 µs of client CPU per store call handed
 // over, 59 and 53 flown inline). A worker lets a caller stop waiting at
@@ -250,20 +250,21 @@ func (w *workers) trim() {
 // lands its tokens; a caller flying its own call ends it at the store
 // timeout instead. So a caller flies inline only while the store answers
 // well within that timeout, over a client whose in-flight reads end at
-// their context's deadline, one flight at a time: a store that turns slow
-// costs at most one call cut short (its tokens, if the store granted
-// any, are lost, and the breaker counts it) before flights go back to
-// the workers. A caller whose context is cancelled during its own call
-// returns ctx.Err() when the call returns (within the store timeout), the
-// call's tokens in the lease, as if it had left a worker's flight.
+// their context's deadline, at most maxInline flights at a time: a store
+// that turns slow costs at most that many calls cut short (their tokens,
+// if the store granted any, are lost, and the breaker counts them) before
+// flights go back to the workers. A caller whose context is cancelled
+// during its own call returns ctx.Err() when the call returns (within
+// the store timeout), the call's tokens in the lease, as if it had left
+// a worker's flight.
 type inline struct {
 	// on: the store is a RedisStore whose go-redis client has
 	// ContextTimeoutEnabled (see honorsDeadlines).
 	on bool
 	// calls lends contexts that end within the store timeout.
 	calls *background.Deadlines
-	// busy is set while a caller flies inline.
-	busy atomic.Bool
+	// busy is the callers flying inline.
+	busy atomic.Int32
 	// slowUntil: no flight is flown inline before then, after a call that
 	// took over half the store timeout or was cut short.
 	slowUntil atomicMono
@@ -293,10 +294,22 @@ func (in *inline) take(ctx context.Context, now mono) bool {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < in.timeout {
 		return false
 	}
-	return in.busy.CompareAndSwap(false, true)
+	if in.busy.Add(1) > maxInline {
+		in.busy.Add(-1)
+		return false
+	}
+	return true
 }
 
-func (in *inline) done() { in.busy.Store(false) }
+func (in *inline) done() { in.busy.Add(-1) }
+
+// maxInline bounds the callers flying inline at once. One at a time left
+// every other concurrent cold caller to a worker: at 16 goroutines of
+// cold decisions (BenchmarkColdDecisions, 12 rounds of each, the two
+// builds alternating), client CPU per store call was 1.21–1.79×
+// redis_rate's (median 1.57) with one, 1.14–1.51× (median 1.37) with 16. Beyond it callers go to the workers, so that a
+// store that turns slow cuts at most this many calls short.
+const maxInline = 16
 
 // observe notes a call that took from start to now, cut short or not:
 // flights go back to the workers for the hold when it took over half the

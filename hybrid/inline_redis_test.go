@@ -3,6 +3,7 @@ package hybrid
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -141,4 +142,45 @@ func inlineOnOwnRedis(t *testing.T, name string) (*redistest.Server, *Limiter) {
 	require.True(t, l.Allow(context.Background(), "warm"))
 	require.Zero(t, l.leaser.workers.n.Load(), "flown inline while Redis is fast")
 	return srv, l
+}
+
+// TestConcurrentCallersFlyInline: up to maxInline callers deciding cold
+// keys at once each fly their own call, and start no worker; one at a
+// time handed every other caller's call to a worker.
+func TestConcurrentCallersFlyInline(t *testing.T) {
+	l, err := New(remote.NewRedis(standaloneDial(t)), runPolicy("inline-many", Limit{Rate: 10, Period: time.Second, Burst: 10}), quiet,
+		WithStoreTimeout(time.Minute)) // no call counts as slow, however loaded the machine
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for g := range maxInline {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 100 {
+				if !l.Allow(ctx, fmt.Sprintf("k%d-%d", g, i)) {
+					t.Errorf("a cold key's first decision was refused")
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.GreaterOrEqual(t, l.Stats().StoreCalls, int64(100*maxInline), "every decision on a new key is a store call")
+	require.Zero(t, l.leaser.workers.n.Load(), "%d concurrent callers fly their own calls", maxInline)
+}
+
+// TestInlineCap: at most maxInline callers fly inline at once; one more
+// goes to a worker until one of them lands.
+func TestInlineCap(t *testing.T) {
+	in := inline{on: true, timeout: time.Second}
+	ctx := context.Background()
+	for i := range maxInline {
+		require.True(t, in.take(ctx, 0), "caller %d", i)
+	}
+	require.False(t, in.take(ctx, 0), "one caller more than maxInline")
+	in.done()
+	require.True(t, in.take(ctx, 0), "a caller after one landed")
+	require.False(t, in.take(ctx, 0))
 }
