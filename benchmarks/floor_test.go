@@ -3,7 +3,6 @@ package benchmarks
 import (
 	"context"
 	"log/slog"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -107,11 +106,6 @@ func BenchmarkColdDecisions(b *testing.B) {
 // next of keys from at (which it moves on), and reports what the meter
 // reads; it fails if fewer than 99% of the decisions were store calls.
 func coldRun(b *testing.B, c *redis.Client, calls *counter, par int, keys []string, at *atomic.Int64, decide func(string) bool) {
-	// The garbage of the run before (the other limiter's, or the key
-	// sets built before the first) is collected before the meter starts:
-	// its collection would be charged to this run's CPU. Each limiter's
-	// own garbage is collected, and charged, as it runs.
-	runtime.GC()
 	m := startMeter(b, c, calls, par)
 	start := at.Add(int64(b.N)) - int64(b.N)
 	var next atomic.Int64
