@@ -307,8 +307,9 @@ func (in *inline) done() { in.busy.Add(-1) }
 // every other concurrent cold caller to a worker: at 16 goroutines of
 // cold decisions (BenchmarkColdDecisions, 12 rounds of each, the two
 // builds alternating), client CPU per store call was 1.21–1.79×
-// redis_rate's (median 1.57) with one, 1.14–1.51× (median 1.37) with 16. Beyond it callers go to the workers, so that a
-// store that turns slow cuts at most this many calls short.
+// redis_rate's (median 1.57) with one, 1.14–1.51× (median 1.37) with
+// 16. Beyond it callers go to the workers, so that a store that turns
+// slow cuts at most this many calls short.
 const maxInline = 16
 
 // observe notes a call that took from start to now, cut short or not:
