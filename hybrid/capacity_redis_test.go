@@ -344,8 +344,12 @@ func TestCapacityLeasesCrash(t *testing.T) {
 	lost := lim.TokensIn(term) - inTerm
 	t.Logf("one of 4 crashed: the other 3 admitted %.0f/s during the dead grant's term (%v), %.0f/s a second after it ended; capacity lost %d tokens (%.0f%% of Rate·term)",
 		termRate, term, afterRate, lost, 100*float64(lost)/float64(lim.TokensIn(term)))
-	if afterRate < 0.95*float64(lim.Rate) {
-		t.Fatalf("after the dead grant's term the others admit %.0f/s, want ≥ 95%% of %d", afterRate, lim.Rate)
+	// Without the dead grant's share the three admit what they did in its
+	// term (787–808/s measured); with it, the rate (961–979/s alone, 947/s
+	// once under make test's parallel load, where a holder starved of CPU
+	// admits less). 90% tells the two apart with room for that load.
+	if afterRate < 0.90*float64(lim.Rate) {
+		t.Fatalf("after the dead grant's term the others admit %.0f/s, want ≥ 90%% of %d", afterRate, lim.Rate)
 	}
 	// The dead grant ends a term after its last renewal, which came up to
 	// a quarter of the term before the crash: the others get at most
