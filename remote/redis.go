@@ -259,8 +259,7 @@ type scriptCall struct {
 // call's keys and arguments.
 func (c *scriptCall) release() {
 	if b := c.room; b != nil {
-		clear(b.cmdRoom[:len(b.cmd)])
-		*b = bucketCall{}
+		*b = bucketCall{} // drops the keys and arguments it held
 		bucketCalls.Put(b)
 	}
 }
