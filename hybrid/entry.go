@@ -346,13 +346,33 @@ func (e *entry) use(lim Limit) float64 {
 	return float64(e.demand.rate) * lim.Period.Seconds() / float64(max(lim.Rate, 1))
 }
 
+// steadyUse is use by the key's steady demand (demand.mean): what a
+// process can be counted on to spend over a grant's line. Before the
+// first sample (a key drained within minSample) there is only the fast
+// estimate. e.mu is held.
+func (e *entry) steadyUse(lim Limit) float64 {
+	r := e.demand.mean
+	if r == 0 {
+		r = e.demand.rate
+	}
+	return float64(r) * lim.Period.Seconds() / float64(max(lim.Rate, 1))
+}
+
 // demand estimates a key's token demand per second: a fast-attack,
-// slow-decay average over samples at least minSample apart.
+// slow-decay average over samples at least minSample apart (rate), which
+// sizes leases so that a burst does not wait for round trips, and a plain
+// moving average of the same samples (mean). A process that stalls (a GC
+// pause, a starved CPU) and then serves its backlog at once looks, by the
+// fast attack, several times busier for a second or more; the mean
+// counts the stall with the burst.
 type demand struct {
-	at      mono  // start of the sample window start
-	base    int64 // count at the window start
-	rate    float32
-	started bool
+	since mono  // 1 + the start of the sample window; 0: nothing observed
+	base  int64 // count at the window start
+	rate  float32
+	// mean is 0 until the first sample, which it then starts from (and
+	// after an idle spell long enough to decay it to 0 in a float32, the
+	// next sample, which spans the spell).
+	mean float32
 }
 
 const (
@@ -360,12 +380,17 @@ const (
 	demandTau = time.Second
 )
 
+// observed reports whether observe has run, and when the open sample
+// window began.
+func (d *demand) observed() (start mono, ok bool) { return d.since - 1, d.since != 0 }
+
 func (d *demand) observe(now mono, count int64) float64 {
-	if !d.started {
-		d.started, d.at, d.base = true, now, count
+	at, ok := d.observed()
+	if !ok {
+		d.since, d.base = now+1, count
 		return float64(d.rate)
 	}
-	dt := now - d.at
+	dt := now - at
 	if dt < mono(minSample) {
 		// Too soon for a sample, but a burst on a cold key must not wait
 		// for one: take it as a rate over the minimum window if that is
@@ -376,12 +401,18 @@ func (d *demand) observe(now mono, count int64) float64 {
 		return float64(d.rate)
 	}
 	r := float64(count-d.base) / (float64(dt) / 1e9)
+	k := 1 - math.Exp(-float64(dt)/float64(demandTau))
+	if d.mean == 0 {
+		d.mean = float32(r)
+	} else {
+		d.mean += float32(k * (r - float64(d.mean)))
+	}
 	if cur := float64(d.rate); r > cur {
 		d.rate = float32(r) // attack at once: a batch too small costs round trips
 	} else {
-		d.rate = float32(cur + (1-math.Exp(-float64(dt)/float64(demandTau)))*(r-cur))
+		d.rate = float32(cur + k*(r-cur))
 	}
-	d.at, d.base = now, count
+	d.since, d.base = now+1, count
 	return float64(d.rate)
 }
 
