@@ -157,9 +157,10 @@ func TestKeyAtItsLimit(t *testing.T) {
 // future-dated grants fall due at the bucket's rate but are spent at its
 // own demand, and what is left when the grant's line ends is dropped; a
 // grant no larger than half what the process spends in that tail keeps
-// the loss small. At most 8% of leased tokens expire, two thirds of what grants of
-// a fair share of the reservation lost (11.6–12.3%, admitting 354–365/s;
-// the tail at full, 3–7%), and the fleet admits at least 95% of the rate.
+// the loss small. At most 8% of leased tokens expire, two thirds of what
+// grants of a fair share of the reservation lost (11.6–12.3%, admitting
+// 354–365/s; the tail at full, 3–7%), and the fleet admits at least 95%
+// of the rate.
 // Measured 0.2–0.3% alone and beside two busy loops under -race, 2.9%
 // once in the whole suite, where spending is least even. Four copies at
 // once beside six busy loops on 2 cores: 0.2–3.3% but once 6.6% (32
