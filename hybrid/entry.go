@@ -342,20 +342,22 @@ func (e *entry) busy(now mono) bool {
 }
 
 // use is the key's demand in this process as a share of lim's rate.
-func (e *entry) use(lim Limit) float64 {
-	return float64(e.demand.rate) * lim.Period.Seconds() / float64(max(lim.Rate, 1))
-}
+func (e *entry) use(lim Limit) float64 { return ofRate(lim, e.demand.rate) }
 
 // steadyUse is use by the key's steady demand (demand.mean): what a
 // process can be counted on to spend over a grant's line. Before the
 // first sample (a key drained within minSample) there is only the fast
 // estimate. e.mu is held.
 func (e *entry) steadyUse(lim Limit) float64 {
-	r := e.demand.mean
-	if r == 0 {
-		r = e.demand.rate
+	if e.demand.mean == 0 {
+		return e.use(lim)
 	}
-	return float64(r) * lim.Period.Seconds() / float64(max(lim.Rate, 1))
+	return ofRate(lim, e.demand.mean)
+}
+
+// ofRate is perSec tokens a second as a share of lim's rate.
+func ofRate(lim Limit, perSec float32) float64 {
+	return float64(perSec) * lim.Period.Seconds() / float64(max(lim.Rate, 1))
 }
 
 // demand estimates a key's token demand per second: a fast-attack,

@@ -432,9 +432,9 @@ func (ls *leaser) contendedShare(e *entry, p *policyState, now mono) int64 {
 }
 
 // strictTail caps a future-dated grant under WithStrictWindows for a
-// process asking u of lim's rate (entry.steadyUse). The grant's tokens fall due at
-// the bucket's rate, and its line ends Burst/Rate after the last of them
-// (see lifetime); a process spending at u = demand/Rate < 1 of the rate
+// process asking u of lim's rate (entry.steadyUse). The grant's tokens
+// fall due at the bucket's rate, and its line ends Burst/Rate after the
+// last of them (see lifetime); a process spending at u = demand/Rate < 1 of the rate
 // still holds g·(1 − u) of a grant of g then, and spends u·Burst before
 // the line ends. Half that break-even, u·Burst/(2(1 − u)), leaves room
 // for uneven spending: 4 limiters asking 150/s of 400/s burst 40 dropped

@@ -103,7 +103,7 @@ func TestColdKeyBurstIsNotRejected(t *testing.T) {
 // where strictTail sets no cap; a grant of the fair share (25) then
 // outlived its line and dropped 8–10% of the fleet's leased tokens in
 // TestStrictGrantsFitTheirLines on a loaded machine. Capped by the steady
-// demand, the grant stays at what 150/s spends in a line's tail (12).
+// demand, the grant stays at what 150/s spends in a line's tail (11).
 func TestStrictGrantIgnoresACatchUpBurst(t *testing.T) {
 	t.Parallel()
 	lim := Limit{Rate: 400, Period: time.Second, Burst: 40}
