@@ -13,7 +13,8 @@
 // alone allocates per EVALSHA. Each reports, besides ns/op
 // and allocs: store calls per 1 000 decisions (commands on the wire,
 // counted by a go-redis hook: leases, returns, heartbeats, policy reads),
-// Redis CPU µs per 1 000 decisions (INFO cpu), p50/p99/p99.9 decision
+// Redis CPU µs per 1 000 decisions (INFO cpu) and, where scripts ran, µs
+// Redis spent inside each script call (INFO commandstats), p50/p99/p99.9 decision
 // latency (one decision in 16 timed), the share admitted, and heap bytes
 // per tracked key.
 //

@@ -183,14 +183,18 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	}
 }
 
-// redisCounters reads the server-side figure a benchmark charges to its
-// decisions: CPU seconds.
+// redisCounters reads the server-side figures a benchmark charges to its
+// decisions: CPU seconds, and the time Redis spent running scripts (EVAL
+// and EVALSHA, the script's own commands included), which the CPU figure
+// mixes with the event loop's reads, writes and expiry.
 type redisCounters struct {
-	cpu float64 // seconds, user + sys
+	cpu         float64 // seconds, user + sys
+	scripts     int64   // EVAL and EVALSHA calls
+	scriptMicro int64   // µs Redis spent in them
 }
 
 func readRedis(ctx context.Context, c *redis.Client) (redisCounters, error) {
-	info, err := c.Info(ctx, "cpu").Result()
+	info, err := c.Info(ctx, "cpu", "commandstats").Result()
 	if err != nil {
 		return redisCounters{}, err
 	}
@@ -204,6 +208,19 @@ func readRedis(ctx context.Context, c *redis.Client) (redisCounters, error) {
 		case "used_cpu_user", "used_cpu_sys":
 			f, _ := strconv.ParseFloat(v, 64)
 			rc.cpu += f
+		case "cmdstat_eval", "cmdstat_evalsha":
+			// calls=N,usec=U,usec_per_call=…
+			for field := range strings.SplitSeq(v, ",") {
+				name, n, _ := strings.Cut(field, "=")
+				switch name {
+				case "calls":
+					i, _ := strconv.ParseInt(n, 10, 64)
+					rc.scripts += i
+				case "usec":
+					i, _ := strconv.ParseInt(n, 10, 64)
+					rc.scriptMicro += i
+				}
+			}
 		}
 	}
 	return rc, nil
@@ -258,6 +275,11 @@ func (m *meter) report(b *testing.B, decisions int64) int64 {
 		b.Fatalf("INFO: %v", err)
 	}
 	b.ReportMetric((after.cpu-m.before.cpu)*1e6/float64(decisions)*1000, "redis-cpu-us/1000")
+	if n := after.scripts - m.before.scripts; n > 0 {
+		// What one script call costs Redis to run, apart from reading
+		// and answering it: the part of redis-cpu a script's design sets.
+		b.ReportMetric(float64(after.scriptMicro-m.before.scriptMicro)/float64(n), "redis-script-us/call")
+	}
 	b.ReportMetric(float64(client.Microseconds())/float64(decisions)*1000, "client-cpu-us/1000")
 	if m.calls == nil {
 		return 0
