@@ -92,6 +92,12 @@ const luaPrelude = lua.Prelude
 // version, stale, created, 0, holders, born, spill}; created is 1 when the key did not exist (new,
 // expired, or evicted by the server).
 //
+// A lease on a bucket without grants, absent or kept under the caller's
+// limit and version, runs on a path of its own at the script's head: the
+// same steps on locals, without the general path's table and closures,
+// which cost Redis a quarter of a cold lease's script time
+// (TestLeasePathTwinsAgree holds it to the Go twin).
+//
 // Errors: "LEASEHOLD_CORRUPT ..." when the key holds a foreign value or
 // another type (WRONGTYPE, caught with pcall so every server reports it the
 // same way).
@@ -104,9 +110,85 @@ local per = tonumber(ARGV[5])
 local burst = tonumber(ARGV[6])
 local version = tonumber(ARGV[7])
 local maxdelay = tonumber(ARGV[8])
-local floor = tonumber(ARGV[9])
 local margin = tonumber(ARGV[10])
 local need = tonumber(ARGV[11])
+local G = GRANT_UNITS
+local MAXSPILL = MAX_DEBT
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local graw
+if KEYS[2] then
+  graw = redis.pcall('GET', KEYS[2])
+  if type(graw) == 'table' and graw.err then
+    return redis.error_reply('LEASEHOLD_CORRUPT ' .. graw.err)
+  end
+end
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) == 'table' and raw.err then
+  return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
+end
+
+-- The lease path: a lease on a bucket without grants, absent or kept
+-- under the caller's limit, runs here on locals, without the general
+-- path's table and closures, which cost Redis about a quarter of a cold
+-- lease's script time. It gives the general path's answers (the steps
+-- are the general path's with no grants and no rescale); anything else
+-- falls through to it.
+if op == 'lease' and not graw and rate >= 1 and per >= 1 and burst >= 1 then
+  local level, carry, last, born, spill, owed, created
+  if not raw then
+    level, carry, last, born, spill, owed, created = burst, 0, now, now, 0, 0, 1
+  else
+    local l, c, la, v, b, r, p, bo, sp, ow =
+      string.match(raw, '^(%-?%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+    if l and v == ARGV[7] and b == ARGV[6] and r == ARGV[4] and p == ARGV[5] and tonumber(c) < per then
+      level, carry, last, born, spill, owed, created =
+        tonumber(l), tonumber(c), tonumber(la), tonumber(bo), tonumber(sp), tonumber(ow), 0
+    end
+  end
+  if level then
+    if now > last then
+      local q, rm = idiv(now - last, per)
+      local tk, c2 = idiv(rm * rate + carry, per)
+      local tokens
+      if q > math.floor((MAXSPILL - tk) / rate) then tokens = MAXSPILL else tokens = q * rate + tk end
+      if level >= burst then
+        spill = math.min(spill + tokens, MAXSPILL); carry = 0
+      elseif tokens >= burst - level then
+        spill = math.min(spill + tokens - (burst - level), MAXSPILL); level = burst; carry = 0
+      else
+        level = level + tokens; carry = c2
+      end
+      last = now
+    end
+    if level >= 0 then owed = 0 elseif owed > -level then owed = -level end
+    local function wait(from, to)
+      if to <= from then return 0 end
+      local q, r = idiv(to - from, rate)
+      return q * per + cdiv(r * per - carry, rate)
+    end
+    local granted, delay, retry = 0, 0, 0
+    if level >= n then granted = n
+    elseif level >= minn then granted = level
+    else
+      local d, dneed = wait(level - n, 0), wait(level - need, 0)
+      if maxdelay > 0 and d <= maxdelay then granted = n; delay = d
+      elseif level >= need then granted = level
+      elseif maxdelay > 0 and dneed <= maxdelay then granted = need; delay = dneed
+      else retry = dneed end
+    end
+    level = level - granted
+    local reset = wait(level, burst)
+    redis.call('SET', KEYS[1], format('%d %d %d %d %d %d %d %d %d %d',
+      level, carry, last, version, burst, rate, per, born, spill, owed), 'PX', math.floor(reset / 1000 + 0.5) + margin)
+    local remaining = level
+    if remaining < 0 then remaining = 0 end
+    return {granted, delay, remaining, retry, reset, now, version, 0, created, 0, 0, born, spill}
+  end
+end
+
+local floor = tonumber(ARGV[9])
 local holder = ARGV[12] or ''
 local running = tonumber(ARGV[13] or '0')
 local term = tonumber(ARGV[14] or '0')
@@ -116,32 +198,21 @@ local spent = tonumber(ARGV[17] or '0')
 local markborn = tonumber(ARGV[18] or '0')
 local markspill = tonumber(ARGV[19] or '0')
 local fullat = tonumber(ARGV[20] or '0')
-local G = GRANT_UNITS
-local MAXSPILL = MAX_DEBT
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
-local grants, gfrac, graw = {}, 0, nil
-if KEYS[2] then
-  graw = redis.pcall('GET', KEYS[2])
-  if type(graw) == 'table' and graw.err then
-    return redis.error_reply('LEASEHOLD_CORRUPT ' .. graw.err)
+local grants, gfrac = {}, 0
+if graw then
+  local f, rest = string.match(graw, '^(%d+)(.*)$')
+  if not f or tonumber(f) >= G then return redis.error_reply('LEASEHOLD_CORRUPT grants record') end
+  gfrac = tonumber(f)
+  local total = 0
+  for part in string.gmatch(rest, '|([^|]*)') do
+    local id, gs, gb, ge, gw = string.match(part, '^(%S+) (%d+) (%d+) (%d+) (%d+)$')
+    if not id then return redis.error_reply('LEASEHOLD_CORRUPT grants record') end
+    grants[#grants + 1] = {id = id, s = tonumber(gs), b = tonumber(gb), exp = tonumber(ge), w = tonumber(gw)}
+    total = total + tonumber(gs)
   end
-  if graw then
-    local f, rest = string.match(graw, '^(%d+)(.*)$')
-    if not f or tonumber(f) >= G then return redis.error_reply('LEASEHOLD_CORRUPT grants record') end
-    gfrac = tonumber(f)
-    local total = 0
-    for part in string.gmatch(rest, '|([^|]*)') do
-      local id, gs, gb, ge, gw = string.match(part, '^(%S+) (%d+) (%d+) (%d+) (%d+)$')
-      if not id then return redis.error_reply('LEASEHOLD_CORRUPT grants record') end
-      grants[#grants + 1] = {id = id, s = tonumber(gs), b = tonumber(gb), exp = tonumber(ge), w = tonumber(gw)}
-      total = total + tonumber(gs)
-    end
-    if total > G then return redis.error_reply('LEASEHOLD_CORRUPT grants record') end
-    table.sort(grants, function(a, b) return a.exp < b.exp end)
-  end
+  if total > G then return redis.error_reply('LEASEHOLD_CORRUPT grants record') end
+  table.sort(grants, function(a, b) return a.exp < b.exp end)
 end
 local function gsum()
   local S, B = 0, 0
@@ -217,10 +288,6 @@ local function refill()
 end
 
 local stale = 0
-local raw = redis.pcall('GET', KEYS[1])
-if type(raw) == 'table' and raw.err then
-  return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
-end
 if raw and string.sub(raw, 1, 2) == 'S ' then
   -- A shaped bucket (shapeLua) whose policy went back to one token
   -- bucket: read its first limit as the plain state, a window as a bucket
