@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/internal/testkit/spawn"
 	"github.com/redis/go-redis/v9"
 )
@@ -198,6 +199,12 @@ func readRedis(ctx context.Context, c *redis.Client) (redisCounters, error) {
 	if err != nil {
 		return redisCounters{}, err
 	}
+	return parseInfo(info), nil
+}
+
+// parseInfo reads the counters from the text of INFO cpu and
+// commandstats.
+func parseInfo(info string) redisCounters {
 	var rc redisCounters
 	for line := range strings.SplitSeq(info, "\r\n") {
 		k, v, ok := strings.Cut(line, ":")
@@ -223,7 +230,7 @@ func readRedis(ctx context.Context, c *redis.Client) (redisCounters, error) {
 			}
 		}
 	}
-	return rc, nil
+	return rc
 }
 
 // meter charges the commands counted by calls (nil: none) and Redis CPU
@@ -415,5 +422,60 @@ func TestLeaseCapFloor(t *testing.T) {
 		if !(idle <= whole && whole <= one && one <= none) {
 			t.Fatalf("want idle floor ≤ whole Burst ≤ one spare ≤ none, got %.1f, %.1f, %.1f, %.1f", idle, whole, one, none)
 		}
+	}
+}
+
+// TestParseInfo: the counters a benchmark charges come from INFO as Redis
+// 7 writes it; a format change shows here, not as a metric that silently
+// stops appearing.
+func TestParseInfo(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		info string
+		want redisCounters
+	}{
+		{"cpu and both script commands", "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.250000\r\nused_cpu_sys_children:9.000000\r\n\r\n" +
+			"# Commandstats\r\ncmdstat_evalsha:calls=1000,usec=15000,usec_per_call=15.00,rejected_calls=0,failed_calls=2\r\n" +
+			"cmdstat_eval:calls=3,usec=90,usec_per_call=30.00,rejected_calls=0,failed_calls=0\r\n" +
+			"cmdstat_get:calls=50,usec=40,usec_per_call=0.80,rejected_calls=0,failed_calls=0\r\n",
+			redisCounters{cpu: 3.75, scripts: 1003, scriptMicro: 15090}},
+		{"no script run yet", "# CPU\r\nused_cpu_sys:0.5\r\nused_cpu_user:0.25\r\n\r\n# Commandstats\r\ncmdstat_info:calls=1,usec=20,usec_per_call=20.00\r\n",
+			redisCounters{cpu: 0.75}},
+		{"empty", "", redisCounters{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := parseInfo(tt.info); got != tt.want {
+				t.Fatalf("parseInfo = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestReadRedisCountsScripts: on a real server, the script calls a
+// benchmark makes show in the counters it reads.
+func TestReadRedisCountsScripts(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	before, err := readRedis(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := redis.NewScript(`return redis.call('TIME')[1]`)
+	for range 5 {
+		if err := script.Run(ctx, c, nil).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after, err := readRedis(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Other tests share the server: at least this test's calls.
+	if n := after.scripts - before.scripts; n < 5 {
+		t.Fatalf("%d script calls counted, want at least 5", n)
+	}
+	if after.scriptMicro < before.scriptMicro || after.cpu <= 0 {
+		t.Fatalf("counters before %+v, after %+v", before, after)
 	}
 }
