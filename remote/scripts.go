@@ -92,11 +92,11 @@ const luaPrelude = lua.Prelude
 // version, stale, created, 0, holders, born, spill}; created is 1 when the key did not exist (new,
 // expired, or evicted by the server).
 //
-// A lease on a bucket without grants, absent or kept under the caller's
-// limit and version, runs on a path of its own at the script's head: the
-// same steps on locals, without the general path's table and closures,
-// which cost Redis a quarter of a cold lease's script time
-// (TestLeasePathTwinsAgree holds it to the Go twin).
+// A lease or a return on a bucket without grants, absent or kept under
+// the caller's limit and version, runs on a plain path at the script's
+// head: the same steps on locals, without the general path's table and
+// closures, which cost Redis a quarter of a cold lease's script time
+// (TestPlainPathTwinsAgree holds it to the Go twin).
 //
 // Errors: "LEASEHOLD_CORRUPT ..." when the key holds a foreign value or
 // another type (WRONGTYPE, caught with pcall so every server reports it the
@@ -129,13 +129,13 @@ if type(raw) == 'table' and raw.err then
   return redis.error_reply('LEASEHOLD_CORRUPT ' .. raw.err)
 end
 
--- The lease path: a lease on a bucket without grants, absent or kept
--- under the caller's limit, runs here on locals, without the general
--- path's table and closures, which cost Redis about a quarter of a cold
--- lease's script time. It gives the general path's answers (the steps
--- are the general path's with no grants and no rescale); anything else
--- falls through to it.
-if op == 'lease' and not graw and rate >= 1 and per >= 1 and burst >= 1 then
+-- The plain path: a lease or a return on a bucket without grants,
+-- absent or kept under the caller's limit, runs here on locals, without
+-- the general path's table and closures, which cost Redis about a
+-- quarter of a cold lease's script time. It gives the general path's
+-- answers (the steps are the general path's with no grants and no
+-- rescale); anything else falls through to it.
+if (op == 'lease' or op == 'return') and not graw and rate >= 1 and per >= 1 and burst >= 1 then
   local level, carry, last, born, spill, owed, created
   if not raw then
     level, carry, last, born, spill, owed, created = burst, 0, now, now, 0, 0, 1
@@ -169,16 +169,25 @@ if op == 'lease' and not graw and rate >= 1 and per >= 1 and burst >= 1 then
       return q * per + cdiv(r * per - carry, rate)
     end
     local granted, delay, retry = 0, 0, 0
-    if level >= n then granted = n
-    elseif level >= minn then granted = level
+    if op == 'return' then
+      local fullat = tonumber(ARGV[20] or '0')
+      if fullat == 0 or now + wait(level, burst) == fullat then
+        level = level + n
+        if level >= burst then level = burst; carry = 0 end
+        if fullat ~= 0 then granted = n end
+      end
     else
-      local d, dneed = wait(level - n, 0), wait(level - need, 0)
-      if maxdelay > 0 and d <= maxdelay then granted = n; delay = d
-      elseif level >= need then granted = level
-      elseif maxdelay > 0 and dneed <= maxdelay then granted = need; delay = dneed
-      else retry = dneed end
+      if level >= n then granted = n
+      elseif level >= minn then granted = level
+      else
+        local d, dneed = wait(level - n, 0), wait(level - need, 0)
+        if maxdelay > 0 and d <= maxdelay then granted = n; delay = d
+        elseif level >= need then granted = level
+        elseif maxdelay > 0 and dneed <= maxdelay then granted = need; delay = dneed
+        else retry = dneed end
+      end
+      level = level - granted
     end
-    level = level - granted
     local reset = wait(level, burst)
     redis.call('SET', KEYS[1], format('%d %d %d %d %d %d %d %d %d %d',
       level, carry, last, version, burst, rate, per, born, spill, owed), 'PX', math.floor(reset / 1000 + 0.5) + margin)

@@ -14,47 +14,53 @@ import (
 	"github.com/leasehold/leasehold/local"
 )
 
-// TestLeasePathTwinsAgree: a lease on a bucket without grants, absent or
-// kept under the caller's limit, takes the script's lease path (locals in
-// place of the general path's table and closures). From random states
-// written into the key (refills of any length, a clock stepped back,
-// levels below zero with debits owed, spill at its cap, future-dated and
-// refused leases) its answer and the state it writes are the Go twin's;
-// so are the general path's on the states it leaves there (an older
-// state format, another limit or version, an empty grants record).
-func TestLeasePathTwinsAgree(t *testing.T) {
+// TestPlainPathTwinsAgree: a lease or a return on a bucket without
+// grants, absent or kept under the caller's limit, takes the script's
+// plain path (locals in place of the general path's table and closures).
+// From random states written into the key (refills of any length, a clock
+// stepped back, levels below zero with debits owed, spill at its cap,
+// future-dated and refused leases, returns with and without a full-at
+// that matches) its answer and the state it writes are the Go twin's; so
+// are the general path's on the states it leaves there (an older state
+// format, another limit or version, an empty grants record). miniredis's
+// clock stands still, so there a full-at can be made to match.
+func TestPlainPathTwinsAgree(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
 		mr.SetTime(time.Unix(1_700_000_000, 123_456_000))
 		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		t.Cleanup(func() { _ = c.Close() })
-		leasePathTwins(t, c, 600)
+		plainPathTwins(t, c, 800, true)
 	})
 	t.Run("redis", func(t *testing.T) {
-		leasePathTwins(t, redistest.Standalone(t).Client(t), 600)
+		plainPathTwins(t, redistest.Standalone(t).Client(t), 800, false)
 	})
 }
 
-func leasePathTwins(t *testing.T, c redis.UniversalClient, cases int) {
+func plainPathTwins(t *testing.T, c redis.UniversalClient, cases int, miniredisClock bool) {
 	t.Helper()
 	ctx := context.Background()
 	s := NewRedis(c)
 	run := fmt.Sprint(time.Now().UnixNano())
 	r := rand.New(rand.NewPCG(23, 23))
 	periods := []time.Duration{time.Second, 100 * time.Millisecond, time.Minute, 1500 * time.Millisecond, time.Hour}
-	general := 0
+	general, matched := 0, 0
 	for i := range cases {
 		lim := local.Limit{Rate: 1 + r.Int64N(3000), Period: periods[r.IntN(len(periods))], Burst: 1 + r.Int64N(400)}
-		req := Request{Policy: "lpath", Key: fmt.Sprintf("lp-%s-%d", run, i), Limit: lim, Version: 1 + uint64(r.IntN(3)), N: 1 + r.Int64N(lim.Burst)}
+		req := Request{Policy: "ppath", Key: fmt.Sprintf("pp-%s-%d", run, i), Limit: lim, Version: 1 + uint64(r.IntN(3)), N: 1 + r.Int64N(lim.Burst)}
+		m, err := validate(OpLease, &Request{Policy: "ppath", Key: "k", Limit: lim, N: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
 		req.Need = 1 + r.Int64N(req.N)
 		req.Min = req.Need + r.Int64N(req.N-req.Need+1)
 		if r.IntN(2) == 0 {
 			req.MaxDelay = time.Duration(r.Int64N(int64(2*time.Second))) / time.Microsecond * time.Microsecond
 		}
-		norm := req
-		m, err := validate(OpLease, &norm)
-		if err != nil {
-			t.Fatal(err)
+		op := OpLease
+		if r.IntN(3) == 0 {
+			op = OpReturn
+			req.N = 1 + r.Int64N(2*lim.Burst)
 		}
 		tm, err := c.Time(ctx).Result()
 		if err != nil {
@@ -91,6 +97,21 @@ func leasePathTwins(t *testing.T, c redis.UniversalClient, cases int) {
 			general++
 		}
 		exists := kind != 0
+		if op == OpReturn && r.IntN(3) > 0 {
+			// The time to full the twin finds at now: the script's own
+			// on miniredis, a µs or more off it on a real server.
+			at := st
+			if !exists {
+				at = state{level: m.Burst, burst: m.Burst, rate: m.Rate, per: m.Per}
+			}
+			at.refill(micros(now))
+			req.FullAt = time.UnixMicro(now + at.waitFor(at.level, at.burst) + r.Int64N(2)*(1+r.Int64N(1e6)))
+		}
+		norm := req
+		m, err = validate(op, &norm)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if exists {
 			raw := fmt.Sprintf("%d %d %d %d %d %d %d", st.level, st.carry, st.last, st.version, st.burst, st.rate, st.per)
 			if kind != 4 {
@@ -101,13 +122,20 @@ func leasePathTwins(t *testing.T, c redis.UniversalClient, cases int) {
 			}
 		}
 
-		got, err := s.Lease(ctx, req)
-		if err != nil {
-			t.Fatalf("case %d (kind %d) %+v: %v", i, kind, req, err)
+		call := s.Lease
+		if op == OpReturn {
+			call = s.Return
 		}
-		wantSt, want := apply(st, exists, OpLease, &norm, m, micros(got.Now.UnixMicro()))
+		got, err := call(ctx, req)
+		if err != nil {
+			t.Fatalf("case %d (kind %d) %v %+v: %v", i, kind, op, req, err)
+		}
+		if got.Granted > 0 && op == OpReturn {
+			matched++
+		}
+		wantSt, want := apply(st, exists, op, &norm, m, micros(got.Now.UnixMicro()))
 		if got != want {
-			t.Fatalf("case %d (kind %d) %+v from %+v:\n lua %+v\n  Go %+v", i, kind, req, st, got, want)
+			t.Fatalf("case %d (kind %d) %v %+v from %+v:\n lua %+v\n  Go %+v", i, kind, op, req, st, got, want)
 		}
 		raw, err := c.Get(ctx, bucket).Result()
 		if err != nil {
@@ -115,10 +143,14 @@ func leasePathTwins(t *testing.T, c redis.UniversalClient, cases int) {
 		}
 		if w := fmt.Sprintf("%d %d %d %d %d %d %d %d %d %d", wantSt.level, wantSt.carry, wantSt.last, wantSt.version,
 			wantSt.burst, wantSt.rate, wantSt.per, wantSt.born, wantSt.spill, wantSt.owed); raw != w {
-			t.Fatalf("case %d (kind %d) %+v from %+v: state\n lua %s\n  Go %s", i, kind, req, st, raw, w)
+			t.Fatalf("case %d (kind %d) %v %+v from %+v: state\n lua %s\n  Go %s", i, kind, op, req, st, raw, w)
 		}
 	}
 	if general < cases/10 {
 		t.Fatalf("only %d of %d cases took the general path", general, cases)
+	}
+	t.Logf("%d of %d cases on the general path, %d returns with a full-at that matched", general, cases, matched)
+	if miniredisClock && matched < cases/40 {
+		t.Fatalf("only %d returns with a matching full-at", matched)
 	}
 }
