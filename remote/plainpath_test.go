@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
@@ -26,10 +25,7 @@ import (
 // clock stands still, so there a full-at can be made to match.
 func TestPlainPathTwinsAgree(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
-		mr := miniredis.RunT(t)
-		mr.SetTime(time.Unix(1_700_000_000, 123_456_000))
-		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-		t.Cleanup(func() { _ = c.Close() })
+		c, _, _ := miniredisTwin(t)
 		plainPathTwins(t, c, 800, true)
 	})
 	t.Run("redis", func(t *testing.T) {
