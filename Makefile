@@ -44,6 +44,10 @@ redis:
 		exit 1; \
 	fi
 
+# BENCH_HEADER prints the run's machine and commit above each results file.
+BENCH_HEADER = echo "date: $$(date -u +%Y-%m-%dT%H:%MZ)"; echo "commit: $$(git rev-parse --short HEAD 2>/dev/null)"; \
+	echo "cores: $$(nproc)"; echo "go: $$($(GO) env GOVERSION)"; echo "redis: $$(redis-server --version | cut -d' ' -f3)"
+
 # Benchmarks: the hybrid fast path (./hybrid), the local GCRA (./local),
 # then the benchmarks module: hybrid, redis_rate and x/time/rate on one real
 # Redis, every workload and concurrency, written in benchstat format (with
@@ -51,15 +55,14 @@ redis:
 bench: redis
 	$(GO) test -run '^$$' -bench . -benchmem ./local/ ./hybrid/
 	mkdir -p benchmarks/results
-	{ echo "date: $$(date -u +%Y-%m-%dT%H:%MZ)"; echo "commit: $$(git rev-parse --short HEAD 2>/dev/null)"; \
-	  echo "cores: $$(nproc)"; echo "go: $$($(GO) env GOVERSION)"; echo "redis: $$(redis-server --version | cut -d' ' -f3)"; \
-	  cd benchmarks && $(GO) test -run '^$$' -bench . -benchmem -timeout 30m .; } | tee benchmarks/results/latest.txt.tmp
+	{ $(BENCH_HEADER); cd benchmarks && $(GO) test -run '^$$' -bench . -benchmem -timeout 30m .; } | tee benchmarks/results/latest.txt.tmp
 	mv benchmarks/results/latest.txt.tmp benchmarks/results/latest.txt
 	# Medians of 5 rounds of the Zipf rows (about 16 minutes): one run swings.
-	{ echo "date: $$(date -u +%Y-%m-%dT%H:%MZ)"; echo "commit: $$(git rev-parse --short HEAD 2>/dev/null)"; \
-	  echo "cores: $$(nproc)"; echo "go: $$($(GO) env GOVERSION)"; echo "redis: $$(redis-server --version | cut -d' ' -f3)"; \
-	  cd benchmarks && LEASEHOLD_BENCH_RATIOS=1 $(GO) test -count=1 -timeout 40m -run '^TestZipfRatios$$' -v .; } | tee benchmarks/results/ratios.txt.tmp
+	{ $(BENCH_HEADER); cd benchmarks && LEASEHOLD_BENCH_RATIOS=1 $(GO) test -count=1 -timeout 40m -run '^TestZipfRatios$$' -v .; } | tee benchmarks/results/ratios.txt.tmp
 	mv benchmarks/results/ratios.txt.tmp benchmarks/results/ratios.txt
+	# Cold decisions alone, 9 rounds in alternating order (about 2 minutes).
+	{ $(BENCH_HEADER); cd benchmarks && LEASEHOLD_BENCH_RATIOS=1 $(GO) test -count=1 -timeout 20m -run '^TestColdRatios$$' -v .; } | tee benchmarks/results/cold.txt.tmp
+	mv benchmarks/results/cold.txt.tmp benchmarks/results/cold.txt
 
 sim:
 	$(GO) run ./sim

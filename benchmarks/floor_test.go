@@ -68,7 +68,25 @@ const coldKeys = 1 << 21
 // meets a key an earlier one decided; the two key sets are built once, so
 // both limiters carry the same heap.
 func BenchmarkColdDecisions(b *testing.B) {
-	srv := redistest.Standalone(b)
+	impls := coldLimiters(redistest.Standalone(b))
+	for _, par := range goroutines {
+		for _, im := range impls {
+			b.Run("limiter="+im.name+"/goroutines="+strconv.Itoa(par), func(b *testing.B) { im.run(b, par) })
+		}
+	}
+}
+
+// coldLimiter is one implementation BenchmarkColdDecisions and
+// TestColdRatios run: run decides b.N times from par goroutines, every
+// decision on a key it has not decided before.
+type coldLimiter struct {
+	name string
+	run  func(b *testing.B, par int)
+}
+
+// coldLimiters returns hybrid and redis_rate on srv, each walking its own
+// key set.
+func coldLimiters(srv *redistest.Server) []coldLimiter {
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	keys, rkeys := make([]string, coldKeys), make([]string, coldKeys)
 	for i := range keys {
@@ -77,8 +95,8 @@ func BenchmarkColdDecisions(b *testing.B) {
 	}
 	var hybridAt, rrAt atomic.Int64
 	w := workload{name: "cold", keys: coldKeys, rate: 10, burst: 10}
-	for _, par := range goroutines {
-		b.Run("limiter=hybrid/goroutines="+strconv.Itoa(par), func(b *testing.B) {
+	return []coldLimiter{
+		{"hybrid", func(b *testing.B, par int) {
 			ctx := context.Background()
 			c, calls := client(b, srv)
 			lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: "cold-" + run, Limit: limit(w)},
@@ -88,8 +106,8 @@ func BenchmarkColdDecisions(b *testing.B) {
 			}
 			defer lim.Close(ctx)
 			coldRun(b, c, calls, par, keys, &hybridAt, func(k string) bool { return lim.Allow(ctx, k) })
-		})
-		b.Run("limiter=redis_rate/goroutines="+strconv.Itoa(par), func(b *testing.B) {
+		}},
+		{"redis_rate", func(b *testing.B, par int) {
 			ctx := context.Background()
 			c, calls := client(b, srv)
 			lim := redis_rate.NewLimiter(c)
@@ -98,7 +116,7 @@ func BenchmarkColdDecisions(b *testing.B) {
 				res, err := lim.Allow(ctx, k, l)
 				return err == nil && res.Allowed > 0
 			})
-		})
+		}},
 	}
 }
 
