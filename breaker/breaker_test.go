@@ -3,6 +3,7 @@ package breaker
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -359,5 +360,64 @@ func TestSideCallsDoNotJudgeTheBuckets(t *testing.T) {
 	close(h.release)
 	if err := <-done; err != nil {
 		t.Fatalf("GetPolicy: %v", err)
+	}
+}
+
+// TestInflightOldest: the oldest call in flight is found among the slots
+// and beyond them (more calls than slots, as a slow store with many
+// callers makes), and forgotten when it ends.
+func TestInflightOldest(t *testing.T) {
+	var f inflight
+	t0 := time.Now()
+	const calls = inflightSlots + 6
+	ids := make([]uint64, calls)
+	for i := range ids {
+		ids[i] = f.begin(t0.Add(time.Duration(i) * time.Millisecond))
+	}
+	now := t0.Add(time.Second)
+	for i, id := range ids {
+		age, ok := f.oldest(now)
+		if want := time.Second - time.Duration(i)*time.Millisecond; !ok || age != want {
+			t.Fatalf("after %d ended: oldest %v, %v; want %v", i, age, ok, want)
+		}
+		f.end(id)
+	}
+	if age, ok := f.oldest(now); ok {
+		t.Fatalf("nothing in flight, oldest %v", age)
+	}
+	// The slots are free again, and the overflow is empty.
+	if id := f.begin(t0); id >= inflightSlots {
+		t.Fatalf("a call after all ended took ticket %d, beyond the slots", id)
+	}
+	if f.over.Load() != 0 || len(f.starts) != 0 {
+		t.Fatalf("overflow holds %d (%d starts) with nothing beyond the slots", f.over.Load(), len(f.starts))
+	}
+}
+
+// TestInflightConcurrent: callers beginning and ending at once, more than
+// the slots, leave nothing in flight.
+func TestInflightConcurrent(t *testing.T) {
+	var f inflight
+	var wg sync.WaitGroup
+	for range 4 * inflightSlots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				id := f.begin(time.Now())
+				if _, ok := f.oldest(time.Now()); !ok {
+					t.Error("a call in flight, oldest finds none")
+					return
+				}
+				f.end(id)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := f.n.Load(); n != 0 {
+		t.Fatalf("%d calls left in flight", n)
+	}
+	if _, ok := f.oldest(time.Now()); ok {
+		t.Fatal("nothing in flight, oldest finds a call")
 	}
 }
