@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -101,12 +102,52 @@ type result struct {
 	admitted atomic.Int64
 	mu       sync.Mutex
 	samples  []time.Duration
+	// sched is how long goroutines waited to run while the benchmark
+	// ran (runtime/metrics' /sched/latencies:seconds, read before and
+	// after): a decision's latency includes its goroutine's wait for a
+	// core, whatever the limiter.
+	sched *metrics.Float64Histogram
+}
+
+// schedLatencies reads the runtime's histogram of the time goroutines
+// spent runnable before running.
+func schedLatencies() *metrics.Float64Histogram {
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return nil
+	}
+	return s[0].Value.Float64Histogram()
+}
+
+// histQuantile is the q quantile of h (the upper bound of its bucket),
+// or 0 for an empty h.
+func histQuantile(h *metrics.Float64Histogram, q float64) float64 {
+	if h == nil {
+		return 0
+	}
+	var total uint64
+	for _, c := range h.Counts {
+		total += c
+	}
+	if total == 0 {
+		return 0
+	}
+	want := uint64(math.Ceil(q * float64(total)))
+	var seen uint64
+	for i, c := range h.Counts {
+		seen += c
+		if seen >= want {
+			return h.Buckets[i+1]
+		}
+	}
+	return h.Buckets[len(h.Buckets)-1]
 }
 
 // drive calls decide b.N times from par goroutines, timing one decision in
 // sampleEvery, and reports admissions and latency percentiles.
 func drive(b *testing.B, par int, seq []int32, decide func(i int32) bool) *result {
-	res := &result{}
+	res := &result{sched: schedLatencies()}
 	var next atomic.Int64
 	per := (b.N + par - 1) / par
 	var wg sync.WaitGroup
@@ -146,7 +187,22 @@ func drive(b *testing.B, par int, seq []int32, decide func(i int32) bool) *resul
 	}
 	wg.Wait()
 	b.StopTimer()
+	if after := schedLatencies(); res.sched != nil {
+		res.sched = &metrics.Float64Histogram{Counts: diffCounts(res.sched.Counts, after.Counts), Buckets: after.Buckets}
+	}
 	return res
+}
+
+// diffCounts is after less before, bucket by bucket.
+func diffCounts(before, after []uint64) []uint64 {
+	d := make([]uint64, len(after))
+	for i := range after {
+		d[i] = after[i]
+		if i < len(before) {
+			d[i] -= before[i]
+		}
+	}
+	return d
 }
 
 // report adds admissions and latency percentiles to b's metrics.
@@ -162,6 +218,10 @@ func (r *result) report(b *testing.B) {
 	b.ReportMetric(q(0.50), "p50-ns")
 	b.ReportMetric(q(0.99), "p99-ns")
 	b.ReportMetric(q(0.999), "p99.9-ns")
+	if r.sched != nil {
+		b.ReportMetric(histQuantile(r.sched, 0.99)*1e9, "sched-p99-ns")
+		b.ReportMetric(histQuantile(r.sched, 0.999)*1e9, "sched-p99.9-ns")
+	}
 }
 
 // counter is a go-redis hook that counts the commands a client sends,
