@@ -129,11 +129,16 @@ func (t *keyTable) makeRoom(evicted []*entry) []*entry {
 	return evicted
 }
 
-// clear forgets every entry (Close) and returns them.
+// clear forgets every entry (Close) and returns them. Their admissions
+// stay counted, as an eviction's do: Stats after Close still counts every
+// decision.
 func (t *keyTable) clear() (all []*entry) {
 	t.entries.each(func(e *entry) bool {
 		all = append(all, e)
-		t.entries.compareAndDelete(e)
+		if t.entries.compareAndDelete(e) {
+			t.evictedAdmits.Add(e.admits.Load())
+			t.evictedGrants.Add(e.grantAdmits())
+		}
 		return true
 	})
 	t.n.Store(0)

@@ -1,12 +1,15 @@
 package hybrid
 
 import (
+	"context"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // TestEntryMapOps walks the map through inserts, duplicate inserts,
@@ -165,4 +168,31 @@ func BenchmarkEntryMap(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestStatsAfterClose: Close forgets every key, and Stats still counts the
+// decisions made on them (it counted only keys the sweep had evicted, and
+// reported a negative count of lease admissions for the rest).
+func TestStatsAfterClose(t *testing.T) {
+	w := newFakeWorld()
+	l, err := New(w.store, Policy{Name: "close-stats", Limit: PerSecond(10)}, WithClock(w.clk), quiet)
+	require.NoError(t, err)
+	ctx := context.Background()
+	const keys = 50
+	admitted := 0
+	for i := range 3 * keys {
+		if l.Allow(ctx, "k"+strconv.Itoa(i%keys)) {
+			admitted++
+		}
+	}
+	before := l.Stats()
+	require.NoError(t, l.Close(ctx))
+	after := l.Stats()
+	require.EqualValues(t, 3*keys, before.Decisions)
+	require.EqualValues(t, 0, after.KeysTracked)
+	require.Equal(t, before.Decisions, after.Decisions, "decisions before and after Close")
+	require.EqualValues(t, admitted, after.Admitted)
+	for src := Source(0); src < numSources; src++ {
+		require.GreaterOrEqual(t, after.Source(src).Admitted, int64(0), "source %v", src)
+	}
 }
