@@ -76,17 +76,9 @@ func BenchmarkColdDecisions(b *testing.B) {
 	}
 }
 
-// coldLimiter is one implementation BenchmarkColdDecisions and
-// TestColdRatios run: run decides b.N times from par goroutines, every
-// decision on a key it has not decided before.
-type coldLimiter struct {
-	name string
-	run  func(b *testing.B, par int)
-}
-
 // coldLimiters returns hybrid and redis_rate on srv, each walking its own
-// key set.
-func coldLimiters(srv *redistest.Server) []coldLimiter {
+// key set: every decision on a key it has not decided before.
+func coldLimiters(srv *redistest.Server) []benchImpl {
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	keys, rkeys := make([]string, coldKeys), make([]string, coldKeys)
 	for i := range keys {
@@ -95,7 +87,7 @@ func coldLimiters(srv *redistest.Server) []coldLimiter {
 	}
 	var hybridAt, rrAt atomic.Int64
 	w := workload{name: "cold", keys: coldKeys, rate: 10, burst: 10}
-	return []coldLimiter{
+	return []benchImpl{
 		{"hybrid", func(b *testing.B, par int) {
 			ctx := context.Background()
 			c, calls := client(b, srv)

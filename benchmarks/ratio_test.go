@@ -30,48 +30,21 @@ const ratioRounds = 5
 // it runs in make bench (LEASEHOLD_BENCH_RATIOS=1), not make test;
 // LEASEHOLD_BENCH_GOROUTINES (say "1" or "1,16") runs only those levels.
 func TestZipfRatios(t *testing.T) {
-	if os.Getenv("LEASEHOLD_BENCH_RATIOS") == "" {
-		t.Skip("set LEASEHOLD_BENCH_RATIOS=1 (make bench)")
-	}
-	levels, err := ratioLevels(os.Getenv("LEASEHOLD_BENCH_GOROUTINES"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := redistest.Standalone(t)
+	levels, srv := ratioSetup(t)
 	w := workloads[2]
 	keys, seq := keySet(w.keys), w.sequence()
-	impls := []struct {
-		name string
-		run  func(b *testing.B, par int)
-	}{
+	impls := []benchImpl{
 		{"redis_rate", func(b *testing.B, par int) { benchRedisRate(b, srv, w, keys, seq, par) }},
 		{"hybrid", func(b *testing.B, par int) { benchHybrid(b, srv, w, keys, seq, par, hybridSetup{}) }},
 		{"hybrid+lenient", func(b *testing.B, par int) {
 			benchHybrid(b, srv, w, keys, seq, par, hybridSetup{limiter: []hybrid.Option{hybrid.WithStrictWindows(false)}})
 		}},
 	}
-	// Each run starts on an empty Redis: the keys an earlier run left
-	// (redis_rate's 100 000 expire within a second of its end) would be
-	// expired and freed by Redis during the next run, on the same 2 cores.
-	flush := srv.Client(t)
 	var out strings.Builder
 	fmt.Fprintf(&out, "medians of %d rounds, %s:\n", ratioRounds, w.name)
 	fmt.Fprintf(&out, "%-10s %-14s %12s %10s %12s %12s %14s %14s\n", "goroutines", "impl", "ns/op", "× rr", "p99 ms", "p99.9 ms", "calls/1000", "cpu/call × rr")
 	for _, par := range levels {
-		// rows[i][r] is impl i's result in round r.
-		rows := make([][]testing.BenchmarkResult, len(impls))
-		for range ratioRounds {
-			for i, im := range impls {
-				if err := flush.FlushAll(context.Background()).Err(); err != nil {
-					t.Fatal(err)
-				}
-				r := testing.Benchmark(func(b *testing.B) { im.run(b, par) })
-				if r.N == 0 {
-					t.Fatalf("%s at %d goroutines did not run", im.name, par)
-				}
-				rows[i] = append(rows[i], r)
-			}
-		}
+		rows := runRounds(t, srv, impls, par, ratioRounds, false)
 		for i, im := range impls {
 			ratios, cpu := make([]float64, ratioRounds), make([]float64, ratioRounds)
 			for r := range ratioRounds {
@@ -80,13 +53,7 @@ func TestZipfRatios(t *testing.T) {
 				// call is its CPU per decision.
 				cpu[r] = rows[i][r].Extra["client-cpu-us/call"] / rows[0][r].Extra["client-cpu-us/call"]
 			}
-			med := func(f func(testing.BenchmarkResult) float64) float64 {
-				v := make([]float64, ratioRounds)
-				for r, res := range rows[i] {
-					v[r] = f(res)
-				}
-				return median(v)
-			}
+			med := func(f func(testing.BenchmarkResult) float64) float64 { return medianOf(rows[i], f) }
 			fmt.Fprintf(&out, "%-10d %-14s %12.0f %10.2f %12.2f %12.2f %14.1f %14.2f\n", par, im.name,
 				med(func(r testing.BenchmarkResult) float64 { return float64(r.NsPerOp()) }), median(ratios),
 				med(func(r testing.BenchmarkResult) float64 { return r.Extra["p99-ns"] / 1e6 }),
@@ -111,48 +78,17 @@ const coldRounds = 9
 // what a script call costs Redis. It runs in make bench beside
 // TestZipfRatios (about 2 minutes).
 func TestColdRatios(t *testing.T) {
-	if os.Getenv("LEASEHOLD_BENCH_RATIOS") == "" {
-		t.Skip("set LEASEHOLD_BENCH_RATIOS=1 (make bench)")
-	}
-	levels, err := ratioLevels(os.Getenv("LEASEHOLD_BENCH_GOROUTINES"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := redistest.Standalone(t)
+	levels, srv := ratioSetup(t)
 	impls := coldLimiters(srv)
 	if impls[0].name != "hybrid" || impls[1].name != "redis_rate" {
 		t.Fatalf("coldLimiters: %s, %s; want hybrid, redis_rate", impls[0].name, impls[1].name)
 	}
-	flush := srv.Client(t)
 	var out strings.Builder
 	fmt.Fprintf(&out, "cold decisions, medians of %d rounds (hybrid / redis_rate):\n", coldRounds)
 	fmt.Fprintf(&out, "%-6s %-12s %16s %18s %22s %16s\n", "cold", "goroutines", "cpu/call × rr", "allocs", "script µs/call", "ns/op")
 	for _, par := range levels {
-		// rows[i][r] is impl i's result in round r.
-		rows := make([][]testing.BenchmarkResult, len(impls))
-		for r := range coldRounds {
-			order := []int{0, 1}
-			if r%2 == 1 {
-				order = []int{1, 0}
-			}
-			for _, i := range order {
-				if err := flush.FlushAll(context.Background()).Err(); err != nil {
-					t.Fatal(err)
-				}
-				res := testing.Benchmark(func(b *testing.B) { impls[i].run(b, par) })
-				if res.N == 0 {
-					t.Fatalf("%s at %d goroutines did not run", impls[i].name, par)
-				}
-				rows[i] = append(rows[i], res)
-			}
-		}
-		med := func(i int, f func(testing.BenchmarkResult) float64) float64 {
-			v := make([]float64, coldRounds)
-			for r, res := range rows[i] {
-				v[r] = f(res)
-			}
-			return median(v)
-		}
+		rows := runRounds(t, srv, impls, par, coldRounds, true)
+		med := func(i int, f func(testing.BenchmarkResult) float64) float64 { return medianOf(rows[i], f) }
 		cpu := make([]float64, coldRounds)
 		for r := range coldRounds {
 			cpu[r] = rows[0][r].Extra["client-cpu-us/call"] / rows[1][r].Extra["client-cpu-us/call"]
@@ -218,6 +154,66 @@ func coldTable(path string) (string, error) {
 		b.WriteString(r + "\n")
 	}
 	return b.String(), nil
+}
+
+// benchImpl is one implementation a ratio test runs: run decides b.N
+// times from par goroutines.
+type benchImpl struct {
+	name string
+	run  func(b *testing.B, par int)
+}
+
+// ratioSetup skips t unless make bench asked for ratios
+// (LEASEHOLD_BENCH_RATIOS=1), and returns the concurrency levels to run
+// and a real Redis.
+func ratioSetup(t *testing.T) ([]int, *redistest.Server) {
+	t.Helper()
+	if os.Getenv("LEASEHOLD_BENCH_RATIOS") == "" {
+		t.Skip("set LEASEHOLD_BENCH_RATIOS=1 (make bench)")
+	}
+	levels, err := ratioLevels(os.Getenv("LEASEHOLD_BENCH_GOROUTINES"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return levels, redistest.Standalone(t)
+}
+
+// runRounds runs each of impls rounds times at par goroutines and returns
+// rows[i][r], impl i's result in round r. Each run starts on an empty
+// Redis: the keys an earlier run left (redis_rate's 100 000 expire within
+// a second of its end) would be expired and freed by Redis during the
+// next run, on the same 2 cores. With alternate, odd rounds run the impls
+// in reverse order, so that no impl always follows the same one.
+func runRounds(t *testing.T, srv *redistest.Server, impls []benchImpl, par, rounds int, alternate bool) [][]testing.BenchmarkResult {
+	t.Helper()
+	flush := srv.Client(t)
+	rows := make([][]testing.BenchmarkResult, len(impls))
+	for r := range rounds {
+		for k := range impls {
+			i := k
+			if alternate && r%2 == 1 {
+				i = len(impls) - 1 - k
+			}
+			if err := flush.FlushAll(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			res := testing.Benchmark(func(b *testing.B) { impls[i].run(b, par) })
+			if res.N == 0 {
+				t.Fatalf("%s at %d goroutines did not run", impls[i].name, par)
+			}
+			rows[i] = append(rows[i], res)
+		}
+	}
+	return rows
+}
+
+// medianOf is the median of f over rs.
+func medianOf(rs []testing.BenchmarkResult, f func(testing.BenchmarkResult) float64) float64 {
+	v := make([]float64, len(rs))
+	for r, res := range rs {
+		v[r] = f(res)
+	}
+	return median(v)
 }
 
 // ratioLevels is the concurrency levels TestZipfRatios runs: all of
