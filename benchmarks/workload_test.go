@@ -103,8 +103,8 @@ type result struct {
 	mu       sync.Mutex
 	samples  []time.Duration
 	// sched is how long goroutines waited to run while the benchmark
-	// ran (runtime/metrics' /sched/latencies:seconds, read before and
-	// after): a decision's latency includes its goroutine's wait for a
+	// ran (runtime/metrics' /sched/latencies:seconds, after less
+	// before): a decision's latency includes its goroutine's wait for a
 	// core, whatever the limiter.
 	sched *metrics.Float64Histogram
 }
@@ -147,7 +147,8 @@ func histQuantile(h *metrics.Float64Histogram, q float64) float64 {
 // drive calls decide b.N times from par goroutines, timing one decision in
 // sampleEvery, and reports admissions and latency percentiles.
 func drive(b *testing.B, par int, seq []int32, decide func(i int32) bool) *result {
-	res := &result{sched: schedLatencies()}
+	res := &result{}
+	schedBefore := schedLatencies()
 	var next atomic.Int64
 	per := (b.N + par - 1) / par
 	var wg sync.WaitGroup
@@ -187,8 +188,8 @@ func drive(b *testing.B, par int, seq []int32, decide func(i int32) bool) *resul
 	}
 	wg.Wait()
 	b.StopTimer()
-	if after := schedLatencies(); res.sched != nil {
-		res.sched = &metrics.Float64Histogram{Counts: diffCounts(res.sched.Counts, after.Counts), Buckets: after.Buckets}
+	if after := schedLatencies(); schedBefore != nil && after != nil {
+		res.sched = &metrics.Float64Histogram{Counts: diffCounts(schedBefore.Counts, after.Counts), Buckets: after.Buckets}
 	}
 	return res
 }
