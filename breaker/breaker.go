@@ -199,8 +199,7 @@ func (s *Store) reportTimeout() {
 // checkStalled opens a closed breaker whose oldest call in flight began
 // longer than the latency threshold ago, on the real clock.
 func (s *Store) checkStalled() {
-	age, ok := s.inflight.oldest(time.Now())
-	if !ok || age <= s.latency || s.cb.State() != gobreaker.StateClosed {
+	if !s.inflight.overdue(time.Now(), s.latency) || s.cb.State() != gobreaker.StateClosed {
 		return
 	}
 	defer s.notify.flush()
@@ -233,6 +232,10 @@ type inflight struct {
 	pick  atomic.Uint32               // where the next call starts looking for a free slot
 	slots [inflightSlots]atomic.Int64 // 1 + the start, ns after monoBase; 0: free
 	over  atomic.Int64                // calls in flight beyond the slots
+
+	// scanAt is when, in ns after monoBase, overdue next needs to look
+	// at the slots: before it no call in flight can be overdue.
+	scanAt atomic.Int64
 
 	mu     sync.Mutex
 	next   uint64           // last ticket given; under mu
@@ -282,6 +285,28 @@ func (f *inflight) end(id uint64) {
 		f.mu.Unlock()
 	}
 	f.n.Add(-1)
+}
+
+// overdue reports whether a call in flight at now began more than limit
+// ago. State asks on every cold decision, and a scan of the slots, which
+// the callers' cores keep writing, cost more than the rest of State; a
+// scan also tells when the next can first find a call overdue (the oldest
+// call's start plus limit, or now plus limit with none in flight: calls
+// that begin later are younger), so calls before then skip it. That time
+// is moved a quarter of limit earlier for a call that read its start
+// before the scan but took its slot after (a caller descheduled in
+// between): it is then seen at most that late.
+func (f *inflight) overdue(now time.Time, limit time.Duration) bool {
+	t := int64(now.Sub(monoBase))
+	if t < f.scanAt.Load() {
+		return false
+	}
+	age, ok := f.oldest(now)
+	if ok && age > limit {
+		return true
+	}
+	f.scanAt.Store(t + int64(max(limit-age-limit/4, 0)))
+	return false
 }
 
 // oldest returns how long ago, at now, the oldest call in flight began.

@@ -421,3 +421,49 @@ func TestInflightConcurrent(t *testing.T) {
 		t.Fatal("nothing in flight, oldest finds a call")
 	}
 }
+
+// TestInflightOverdue: overdue skips its scan only while no call in
+// flight can be past the limit, so a skip never hides one: a call that
+// began before a scan found nothing, one that began after, and one that
+// read its start before the scan but took its slot after it.
+func TestInflightOverdue(t *testing.T) {
+	const limit = 100 * time.Millisecond
+	t0 := time.Now()
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	tests := []struct {
+		name  string
+		scan  time.Duration // an overdue check before the call
+		begin time.Duration // the start the call reads
+	}{
+		{"in flight at the scan", 10 * time.Millisecond, 0},
+		{"begun after the scan", 0, 30 * time.Millisecond},
+		{"slot taken after the scan", 20 * time.Millisecond, 0},
+		{"no scan before", -1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var f inflight
+			var id uint64
+			registered := tt.name != "slot taken after the scan"
+			if registered {
+				id = f.begin(at(tt.begin))
+			}
+			if tt.scan >= 0 && f.overdue(at(tt.scan), limit) {
+				t.Fatalf("overdue at %v with a call begun at %v", tt.scan, tt.begin)
+			}
+			if !registered {
+				id = f.begin(at(tt.begin))
+			}
+			if f.overdue(at(tt.begin+limit-time.Millisecond), limit) {
+				t.Fatalf("overdue %v before the limit", time.Millisecond)
+			}
+			if !f.overdue(at(tt.begin+limit+time.Millisecond), limit) {
+				t.Fatalf("a call begun at %v not overdue at %v", tt.begin, tt.begin+limit+time.Millisecond)
+			}
+			f.end(id)
+			if f.overdue(at(tt.begin+2*limit), limit) {
+				t.Fatal("overdue with nothing in flight")
+			}
+		})
+	}
+}
