@@ -212,13 +212,7 @@ func (r *result) report(b *testing.B) {
 	if len(r.samples) == 0 {
 		return
 	}
-	slices.Sort(r.samples)
-	q := func(p float64) float64 {
-		return float64(r.samples[min(int(p*float64(len(r.samples))), len(r.samples)-1)].Nanoseconds())
-	}
-	b.ReportMetric(q(0.50), "p50-ns")
-	b.ReportMetric(q(0.99), "p99-ns")
-	b.ReportMetric(q(0.999), "p99.9-ns")
+	reportQuantiles(b, r.samples)
 	if r.sched != nil {
 		b.ReportMetric(histQuantile(r.sched, 0.99)*1e9, "sched-p99-ns")
 		b.ReportMetric(histQuantile(r.sched, 0.999)*1e9, "sched-p99.9-ns")
@@ -539,4 +533,16 @@ func TestReadRedisCountsScripts(t *testing.T) {
 	if after.scriptMicro < before.scriptMicro || after.cpu <= 0 {
 		t.Fatalf("counters before %+v, after %+v", before, after)
 	}
+}
+
+// reportQuantiles sorts samples and adds their median, p99 and p99.9 to
+// b's metrics.
+func reportQuantiles(b *testing.B, samples []time.Duration) {
+	slices.Sort(samples)
+	q := func(p float64) float64 {
+		return float64(samples[min(int(p*float64(len(samples))), len(samples)-1)].Nanoseconds())
+	}
+	b.ReportMetric(q(0.50), "p50-ns")
+	b.ReportMetric(q(0.99), "p99-ns")
+	b.ReportMetric(q(0.999), "p99.9-ns")
 }
