@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"github.com/leasehold/leasehold/internal/errs"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -227,9 +228,13 @@ func (s *Store) failOnce() bool {
 // Calls beyond the slots (a slow store with many callers) are kept under
 // the mutex, by tickets that rise with start times, so the oldest of them
 // is the lowest ticket still present.
+//
+// A call writes only its slot, and the overflow beyond: a count of the
+// calls in flight, and a shared cursor to spread them over the slots,
+// were two more lines that both cores took from each other on every call.
+// A call starts looking at a random slot instead, and the count is what
+// the slots hold, read by a scan that overdue makes rarely.
 type inflight struct {
-	n     atomic.Int64                // calls in flight
-	pick  atomic.Uint32               // where the next call starts looking for a free slot
 	slots [inflightSlots]atomic.Int64 // 1 + the start, ns after monoBase; 0: free
 	over  atomic.Int64                // calls in flight beyond the slots
 
@@ -255,8 +260,7 @@ var monoBase = time.Now()
 // begin records a call that starts at t and returns its ticket.
 func (f *inflight) begin(t time.Time) uint64 {
 	v := int64(t.Sub(monoBase)) + 1
-	f.n.Add(1)
-	p := f.pick.Add(1)
+	p := rand.Uint32()
 	for i := range uint32(inflightSlots) {
 		j := (p + i) % inflightSlots
 		if f.slots[j].Load() == 0 && f.slots[j].CompareAndSwap(0, v) {
@@ -284,7 +288,6 @@ func (f *inflight) end(id uint64) {
 		f.over.Add(-1)
 		f.mu.Unlock()
 	}
-	f.n.Add(-1)
 }
 
 // overdue reports whether a call in flight at now began more than limit
@@ -311,9 +314,6 @@ func (f *inflight) overdue(now time.Time, limit time.Duration) bool {
 
 // oldest returns how long ago, at now, the oldest call in flight began.
 func (f *inflight) oldest(now time.Time) (time.Duration, bool) {
-	if f.n.Load() == 0 {
-		return 0, false
-	}
 	first := int64(0)
 	for i := range f.slots {
 		if v := f.slots[i].Load(); v != 0 && (first == 0 || v < first) {
@@ -370,7 +370,9 @@ func (s *Store) call(fn func() error) error {
 		}
 		return struct{}{}, err
 	})
-	s.downSeen.Store(false)
+	if s.downSeen.Load() { // a store on every call kept its line moving between cores
+		s.downSeen.Store(false)
+	}
 	if !ran {
 		return errs.Errorf("breaker", "%w: %w: %w", ErrOpen, err, remote.ErrUnavailable)
 	}

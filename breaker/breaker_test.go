@@ -414,8 +414,13 @@ func TestInflightConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if n := f.n.Load(); n != 0 {
-		t.Fatalf("%d calls left in flight", n)
+	for i := range f.slots {
+		if v := f.slots[i].Load(); v != 0 {
+			t.Fatalf("slot %d still holds a call", i)
+		}
+	}
+	if n := f.over.Load(); n != 0 {
+		t.Fatalf("%d calls left in flight beyond the slots", n)
 	}
 	if _, ok := f.oldest(time.Now()); ok {
 		t.Fatal("nothing in flight, oldest finds a call")
