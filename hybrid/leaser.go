@@ -42,7 +42,9 @@ type leaser struct {
 	calls   *background.Deadlines // lease calls' contexts: Close or the refill timeout ends them
 	timers  sync.Pool             // of clock.Timer, for callers waiting on a flight
 	offset  clock.Offset
-	lastOK  atomicMono // the last successful store reply
+	lastOK  atomicMono // the last successful store reply, to within replyNoteGap
+	// noteAt is when the next reply updates lastOK and offset.
+	noteAt atomicMono
 	// lostLogged is set once a vanished bucket has been logged.
 	lostLogged atomic.Bool
 }
@@ -355,10 +357,19 @@ func (ls *leaser) call(e *entry, req remote.Request, calls *background.Deadlines
 		return remote.Result{}, 0, err
 	}
 	ls.stats.storeLatency.observe(float64(now-start) / 1e9)
-	ls.lastOK.Store(now)
-	ls.offset.Observe(ls.cfg.epoch.Add(time.Duration(start)), ls.cfg.epoch.Add(time.Duration(now)), res.Now)
+	if now >= ls.noteAt.Load() {
+		ls.noteAt.Store(now.add(replyNoteGap))
+		ls.lastOK.Store(now)
+		ls.offset.Observe(ls.cfg.epoch.Add(time.Duration(start)), ls.cfg.epoch.Add(time.Duration(now)), res.Now)
+	}
 	return res, now, nil
 }
+
+// replyNoteGap is how often store replies update the leaser's last good
+// reply and the clock offset, both read against hundreds of
+// milliseconds: written by every call, from both cores, their lines (and
+// the offset's mutex) moved between cores on every cold decision.
+const replyNoteGap = time.Millisecond
 
 // request builds the lease request for e: sized for every caller waiting
 // on the key, not just the one that started the flight (the others joined
