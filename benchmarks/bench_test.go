@@ -124,10 +124,10 @@ func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string,
 	}
 	defer lim.Close(ctx)
 	decide := func(i int32) bool { return lim.Allow(ctx, keys[i]) }
-	heap := warm(w.keys, decide)
+	up := warm(w.keys, decide)
 	// Per key the limiter tracks: idle keys may be forgotten during a
 	// long warm-up.
-	perKey := heap / float64(max(lim.Stats().KeysTracked, 1))
+	perKey := up.heap / float64(max(lim.Stats().KeysTracked, 1))
 	m := startMeter(b, c, calls, par)
 	start := time.Now()
 	res := drive(b, par, seq, decide)
@@ -137,12 +137,13 @@ func benchHybrid(b *testing.B, srv *redistest.Server, w workload, keys []string,
 	reportPerKey(b, w, perKey)
 	if w.zipf {
 		rate := float64(b.N) / elapsed.Seconds()
-		b.ReportMetric(w.idleFloor(seq, rate), "floorcalls/1000")
+		walk := runWalk(seq, par, b.N)
+		b.ReportMetric(w.idleFloor(walk, rate, up.before(start)), "floorcalls/1000")
 		// A lease that keeps its tokens (WithStrictWindows(false)) holds
 		// at most 10% of Burst, spendable for a
 		// lease TTL (1 s) or, future-dated, half a TTL more; joins within
 		// 5 ms (above the store calls' median here) are free.
-		b.ReportMetric(w.leaseCapFloor(seq, rate, max(1, w.burst/10), 1500*time.Millisecond, 5*time.Millisecond), "capfloorcalls/1000")
+		b.ReportMetric(w.leaseCapFloor(walk, rate, max(1, w.burst/10), 1500*time.Millisecond, 5*time.Millisecond), "capfloorcalls/1000")
 	}
 }
 
@@ -164,12 +165,12 @@ func benchRedisRate(b *testing.B, srv *redistest.Server, w workload, keys []stri
 		res, err := lim.Allow(ctx, rkeys[i], l)
 		return err == nil && res.Allowed > 0
 	}
-	heap := warm(w.keys, decide)
+	up := warm(w.keys, decide)
 	m := startMeter(b, c, calls, par)
 	res := drive(b, par, seq, decide)
 	m.report(b, int64(b.N))
 	res.report(b)
-	reportPerKey(b, w, heap/float64(w.keys))
+	reportPerKey(b, w, up.heap/float64(w.keys))
 }
 
 // benchLocal is the floor: golang.org/x/time/rate, one limiter per key in
@@ -184,10 +185,10 @@ func benchLocal(b *testing.B, w workload, keys []string, seq []int32, par int) {
 		}
 		return v.(*rate.Limiter).Allow()
 	}
-	heap := warm(w.keys, decide)
+	up := warm(w.keys, decide)
 	res := drive(b, par, seq, decide)
 	res.report(b)
-	reportPerKey(b, w, heap/float64(w.keys))
+	reportPerKey(b, w, up.heap/float64(w.keys))
 }
 
 // reportPerKey reports heap bytes per tracked key, after drive (ResetTimer

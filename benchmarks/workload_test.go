@@ -2,6 +2,7 @@ package benchmarks
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math"
 	"math/rand"
@@ -71,26 +72,58 @@ func (w workload) sequence() []int32 {
 	return seq
 }
 
-// idleFloor is, per 1 000 decisions of seq made at rate per second by one
-// process, those on a key the process had not seen for Burst/Rate: by
+// idleFloor is, per 1 000 decisions of walk made at rate per second by
+// one process, those on a key the process had not seen for Burst/Rate: by
 // then the bucket has refilled anything it granted, so no lease that
 // keeps the bound in every window can still hold a token for the key, and
-// the decision needs a store call, whatever the limiter. (One stream at
-// the fleet's rate stands for the goroutines' interleaved walks.)
-func (w workload) idleFloor(seq []int32, rate float64) float64 {
-	gap := int(rate * float64(w.burst) / w.rate)
-	last := make([]int, w.keys)
-	for i := range last {
-		last[i] = -gap - 1
+// the decision needs a store call, whatever the limiter. walk is the
+// decisions a run made, in the order it made them (runWalk); seen says
+// how long before the walk's first decision a key was last decided (the
+// warm-up's decision, warmUp.before), nil for a walk on keys never seen.
+//
+// The walk, not the whole sequence: a run of about Burst/Rate meets most
+// of its keys for the first time in it, each a call, where the sequence's
+// steady state, a million decisions long, had seen most of them within
+// the last Burst/Rate. Counted on the whole sequence, the floor of a
+// 1-goroutine run (about one second) read 152–171 per 1 000 where its
+// walk's is 218–227.
+func (w workload) idleFloor(walk []int32, rate float64, seen func(k int32) time.Duration) float64 {
+	idleFor := float64(w.burst) / w.rate
+	last := make([]float64, w.keys)
+	for k := range last {
+		last[k] = math.Inf(-1)
+		if seen != nil {
+			last[k] = -seen(int32(k)).Seconds()
+		}
 	}
 	idle := 0
-	for i, k := range seq {
-		if i-last[k] > gap {
+	for i, k := range walk {
+		t := float64(i) / rate
+		if t-last[k] > idleFor {
 			idle++
 		}
-		last[k] = i
+		last[k] = t
 	}
-	return 1000 * float64(idle) / float64(len(seq))
+	return 1000 * float64(idle) / float64(len(walk))
+}
+
+// walkStart is where in the sequence drive's goroutine g (from 0) starts.
+func walkStart(g int) int { return (g + 1) * 7919 }
+
+// runWalk is the n decisions drive makes on seq from par goroutines as one
+// stream: a step of each goroutine in turn, as goroutines deciding at the
+// same pace interleave.
+func runWalk(seq []int32, par, n int) []int32 {
+	per := (n + par - 1) / par
+	walk := make([]int32, 0, n)
+	for i := range per {
+		for g := range par {
+			if g*per+i < n {
+				walk = append(walk, seq[(walkStart(g)+i)&(len(seq)-1)])
+			}
+		}
+	}
+	return walk
 }
 
 // sampleEvery is how often a decision's latency is timed: timing each one
@@ -149,7 +182,6 @@ func histQuantile(h *metrics.Float64Histogram, q float64) float64 {
 func drive(b *testing.B, par int, seq []int32, decide func(i int32) bool) *result {
 	res := &result{}
 	schedBefore := schedLatencies()
-	var next atomic.Int64
 	per := (b.N + par - 1) / par
 	var wg sync.WaitGroup
 	b.ReportAllocs()
@@ -162,7 +194,7 @@ func drive(b *testing.B, par int, seq []int32, decide func(i int32) bool) *resul
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pos := int(next.Add(1)) * 7919
+			pos := walkStart(g)
 			var admitted int64
 			samples := make([]time.Duration, 0, n/sampleEvery+1)
 			for i := range n {
@@ -364,12 +396,21 @@ func heapInUse() uint64 {
 	return ms.HeapAlloc
 }
 
-// warm makes one decision on every key from several goroutines and
-// returns the heap it left behind.
-func warm(keys int, decide func(i int32) bool) float64 {
+// warmUp is what warm did: the heap it left behind, and when it began and
+// ended.
+type warmUp struct {
+	heap       float64
+	start, end time.Time
+	keys       int
+}
+
+// warm makes one decision on every key from several goroutines, in the
+// keys' order.
+func warm(keys int, decide func(i int32) bool) warmUp {
 	before := heapInUse()
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	start := time.Now()
 	for range 64 {
 		wg.Add(1)
 		go func() {
@@ -384,8 +425,18 @@ func warm(keys int, decide func(i int32) bool) float64 {
 		}()
 	}
 	wg.Wait()
+	end := time.Now()
 	after := heapInUse()
-	return float64(after) - float64(before)
+	return warmUp{heap: float64(after) - float64(before), start: start, end: end, keys: keys}
+}
+
+// before returns, for idleFloor, how long before at warm decided each key:
+// the keys went out in order at a steady pace.
+func (u warmUp) before(at time.Time) func(k int32) time.Duration {
+	span := u.end.Sub(u.start)
+	return func(k int32) time.Duration {
+		return at.Sub(u.start.Add(time.Duration(float64(span) * float64(k) / float64(u.keys))))
+	}
 }
 
 func benchName(impl string, w workload, par int) string {
@@ -469,13 +520,79 @@ func TestLeaseCapFloor(t *testing.T) {
 	z := workloads[2]
 	seq := z.sequence()
 	for _, rate := range []float64{1e4, 3e4, 6e4} {
-		idle := z.idleFloor(seq, rate)
+		idle := z.idleFloor(seq, rate, nil)
 		none := z.leaseCapFloor(seq, rate, 0, time.Second, 0)
 		one := z.leaseCapFloor(seq, rate, 1, time.Second, 0)
 		whole := z.leaseCapFloor(seq, rate, z.burst, time.Second, 0)
 		t.Logf("%.0f decisions/s: idle floor %.1f, lease holding 0 %.1f, 1 %.1f, Burst %.1f store calls/1000", rate, idle, none, one, whole)
 		if !(idle <= whole && whole <= one && one <= none) {
 			t.Fatalf("want idle floor ≤ whole Burst ≤ one spare ≤ none, got %.1f, %.1f, %.1f, %.1f", idle, whole, one, none)
+		}
+	}
+}
+
+// TestIdleFloor counts the idle floor on walks counted by hand: first
+// visits, keys the warm-up decided shortly before, and returns within and
+// past Burst/Rate (1 s here).
+func TestIdleFloor(t *testing.T) {
+	w := workload{keys: 3, rate: 10, burst: 10}
+	warmed := func(ago ...time.Duration) func(int32) time.Duration {
+		return func(k int32) time.Duration { return ago[k] }
+	}
+	for _, c := range []struct {
+		name   string
+		walk   []int32
+		rate   float64
+		seen   func(int32) time.Duration
+		per1k  float64
+		reason string
+	}{
+		{"first visits", []int32{0, 1, 2, 0, 1, 2}, 10, nil, 500, "three keys never seen, then back within 0.3 s"},
+		{"back after a second", []int32{0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}, 10, nil, 3000.0 / 13,
+			"key 0 idle at 0 and 1.2 s, key 1 at 0.1 s only"},
+		{"warmed shortly before", []int32{0, 1, 2}, 10, warmed(500*time.Millisecond, 2*time.Second, 750*time.Millisecond), 1000.0 / 3,
+			"key 0 seen 0.5 s before its decision, key 2 0.95 s, key 1 2.1 s"},
+		{"warmed a second before", []int32{2}, 10, warmed(0, 0, 1001*time.Millisecond), 1000, "key 2 seen 1.001 s before"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := w.idleFloor(c.walk, c.rate, c.seen); math.Abs(got-c.per1k) > 1e-9 {
+				t.Fatalf("%s: got %.3f, want %.3f", c.reason, got, c.per1k)
+			}
+		})
+	}
+}
+
+// TestRunWalk: the walk idleFloor counts is the decisions drive made,
+// whatever b.N and the number of goroutines.
+func TestRunWalk(t *testing.T) {
+	seq := workloads[2].sequence()
+	// A few thousand decisions, not a second's worth.
+	bt := flag.Lookup("test.benchtime")
+	was := bt.Value.String()
+	if err := bt.Value.Set("5003x"); err != nil {
+		t.Fatal(err)
+	}
+	defer bt.Value.Set(was)
+	for _, par := range []int{1, 3, 16} {
+		var mu sync.Mutex
+		var got []int32
+		var n int
+		testing.Benchmark(func(b *testing.B) {
+			mu.Lock()
+			got, n = got[:0], b.N
+			mu.Unlock()
+			drive(b, par, seq, func(k int32) bool {
+				mu.Lock()
+				got = append(got, k)
+				mu.Unlock()
+				return true
+			})
+		})
+		want := runWalk(seq, par, n)
+		slices.Sort(got)
+		slices.Sort(want)
+		if n == 0 || !slices.Equal(got, want) {
+			t.Fatalf("%d goroutines, b.N %d: drive decided %d keys, the walk has %d, or not the same ones", par, n, len(got), len(want))
 		}
 	}
 }
