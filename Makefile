@@ -62,7 +62,8 @@ bench: redis
 	mv benchmarks/results/ratios.txt.tmp benchmarks/results/ratios.txt
 	$(MAKE) bench-cold
 
-# Cold decisions alone, 9 rounds in alternating order (about 2 minutes), to
+# Cold decisions alone, and the layers they pass through, 9 rounds in
+# alternating order (about 5 minutes), to
 # benchmarks/results/cold.txt: the last step of make bench, and on its own
 # after a change to the cold path.
 bench-cold: redis

@@ -68,7 +68,7 @@ const coldKeys = 1 << 21
 // meets a key an earlier one decided; the two key sets are built once, so
 // both limiters carry the same heap.
 func BenchmarkColdDecisions(b *testing.B) {
-	impls := coldLimiters(redistest.Standalone(b))
+	impls := coldLimiters(redistest.Standalone(b), coldKeySet())
 	for _, par := range goroutines {
 		for _, im := range impls {
 			b.Run("limiter="+im.name+"/goroutines="+strconv.Itoa(par), func(b *testing.B) { im.run(b, par) })
@@ -76,13 +76,22 @@ func BenchmarkColdDecisions(b *testing.B) {
 	}
 }
 
-// coldLimiters returns hybrid and redis_rate on srv, each walking its own
-// key set: every decision on a key it has not decided before.
-func coldLimiters(srv *redistest.Server) []benchImpl {
-	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	keys, rkeys := make([]string, coldKeys), make([]string, coldKeys)
+// coldKeySet is the coldKeys keys the cold benchmarks walk.
+func coldKeySet() []string {
+	keys := make([]string, coldKeys)
 	for i := range keys {
 		keys[i] = "cold-" + strconv.Itoa(10_000_000+i)
+	}
+	return keys
+}
+
+// coldLimiters returns hybrid and redis_rate on srv, hybrid walking keys
+// and redis_rate the same names under a prefix of its own: every decision
+// on a key the limiter has not decided before.
+func coldLimiters(srv *redistest.Server, keys []string) []benchImpl {
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	rkeys := make([]string, len(keys))
+	for i := range keys {
 		rkeys[i] = "cold-rr-" + run + ":" + keys[i]
 	}
 	var hybridAt, rrAt atomic.Int64
@@ -109,6 +118,58 @@ func coldLimiters(srv *redistest.Server) []benchImpl {
 				return err == nil && res.Allowed > 0
 			})
 		}},
+	}
+}
+
+// coldLayers returns, for TestColdRatios, the layers a cold decision of
+// hybrid's passes through, each timed alone on keys (which it does not
+// write): "store", hybrid's RedisStore answering a one-token lease, with
+// no limiter, entry or breaker before it; "shape", go-redis sending the
+// store's EVALSHA (its two keys and eleven arguments) to a script that
+// only returns a reply of the bucket script's thirteen numbers; and
+// "rr-shape", the same for redis_rate's command (one key, five
+// arguments, four values). Beside hybrid and redis_rate in one run they
+// split hybrid's client CPU per call: shape against rr-shape is what
+// go-redis spends on the bigger command, each limiter against its shape
+// is what its script's time in Redis and its own code add.
+func coldLayers(srv *redistest.Server, keys []string) []benchImpl {
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	w := workload{name: "cold", keys: coldKeys, rate: 10, burst: 10}
+	var storeAt, shapeAt, rrShapeAt atomic.Int64
+	shape := func(at *atomic.Int64, reply string, cmd func(key string) ([]string, []any)) func(b *testing.B, par int) {
+		return func(b *testing.B, par int) {
+			ctx := context.Background()
+			c, calls := client(b, srv)
+			script := redis.NewScript("return " + reply)
+			if err := script.Load(ctx, c).Err(); err != nil {
+				b.Fatal(err)
+			}
+			coldRun(b, c, calls, par, keys, at, func(k string) bool {
+				ks, args := cmd(k)
+				v, err := script.EvalSha(ctx, c, ks, args...).Slice()
+				return err == nil && len(v) > 0
+			})
+		}
+	}
+	return []benchImpl{
+		{"store", func(b *testing.B, par int) {
+			ctx := context.Background()
+			c, calls := client(b, srv)
+			st := remote.NewRedis(c)
+			l := limit(w)
+			coldRun(b, c, calls, par, keys, &storeAt, func(k string) bool {
+				res, err := st.Lease(ctx, remote.Request{Prefix: remote.DefaultPrefix, Policy: "cold-s-" + run,
+					Key: k, Limit: l, Version: 1, N: 1, Min: 1, Need: 1})
+				return err == nil && res.Granted > 0
+			})
+		}},
+		{"shape", shape(&shapeAt, "{1, 0, 9, 0, 100000, 1764979200000000, 1, 0, 1, 0, 0, 1764979200000000, 0}", func(k string) ([]string, []any) {
+			bucket := remote.DefaultPrefix + "{cold-p-" + run + ":" + k + "}"
+			return []string{bucket, bucket + ":grants"}, []any{"lease", 1, 1, 10, 1000000, 10, 1, 0, -(int64(1) << 51), 1000, 1}
+		})},
+		{"rr-shape", shape(&rrShapeAt, "{1, 9, '-1', '0.1'}", func(k string) ([]string, []any) {
+			return []string{"cold-rr-p-" + run + ":" + k}, []any{10, 10, 1, 1, 1}
+		})},
 	}
 }
 

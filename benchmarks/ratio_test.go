@@ -69,20 +69,26 @@ func TestZipfRatios(t *testing.T) {
 const coldRounds = 9
 
 // TestColdRatios runs BenchmarkColdDecisions's limiters (every decision a
-// store call) coldRounds times at every concurrency level on one real
-// Redis, flushed before each run, hybrid first in even rounds and
-// redis_rate first in odd ones (a run pays for the keys the one before
-// left to expire), and prints the medians issue 23's third point is
-// judged by: hybrid's client CPU per store call against redis_rate's per
-// decision, the median of each round's ratio; allocations a decision; and
-// what a script call costs Redis. It runs in make bench beside
-// TestZipfRatios (about 2 minutes).
+// store call) and coldLayers's layers coldRounds times at every
+// concurrency level on one real Redis, flushed before each run, in one
+// order in even rounds and the reverse in odd ones (a run pays for the
+// keys the one before left to expire), and prints the medians issue 23's
+// third point is judged by: hybrid's client CPU per store call against
+// redis_rate's per decision, the median of each round's ratio;
+// allocations a decision; and what a script call costs Redis. Then the
+// same ratio for each layer, which splits hybrid's: its store call alone,
+// and go-redis sending each limiter's command to a script that does
+// nothing. It runs in make bench beside TestZipfRatios (about 5 minutes).
 func TestColdRatios(t *testing.T) {
 	levels, srv := ratioSetup(t)
-	impls := coldLimiters(srv)
+	keys := coldKeySet()
+	impls := append(coldLimiters(srv, keys), coldLayers(srv, keys)...)
 	if impls[0].name != "hybrid" || impls[1].name != "redis_rate" {
 		t.Fatalf("coldLimiters: %s, %s; want hybrid, redis_rate", impls[0].name, impls[1].name)
 	}
+	var layers strings.Builder
+	fmt.Fprintf(&layers, "layers, medians of %d rounds (see coldLayers):\n", coldRounds)
+	fmt.Fprintf(&layers, "%-6s %-12s %-12s %16s %16s\n", "layer", "goroutines", "impl", "cpu/call × rr", "script µs/call")
 	var out strings.Builder
 	fmt.Fprintf(&out, "cold decisions, medians of %d rounds (hybrid / redis_rate):\n", coldRounds)
 	fmt.Fprintf(&out, "%-6s %-12s %16s %18s %22s %16s\n", "cold", "goroutines", "cpu/call × rr", "allocs", "script µs/call", "ns/op")
@@ -92,6 +98,15 @@ func TestColdRatios(t *testing.T) {
 		cpu := make([]float64, coldRounds)
 		for r := range coldRounds {
 			cpu[r] = rows[0][r].Extra["client-cpu-us/call"] / rows[1][r].Extra["client-cpu-us/call"]
+		}
+		for i := range impls {
+			ratios := make([]float64, coldRounds)
+			for r := range coldRounds {
+				ratios[r] = rows[i][r].Extra["client-cpu-us/call"] / rows[1][r].Extra["client-cpu-us/call"]
+			}
+			fmt.Fprintf(&layers, "%-6s %-12d %-12s %16s %16.1f\n", "layer", par, impls[i].name,
+				fmt.Sprintf("%.2f (%.2f–%.2f)", median(ratios), slices.Min(ratios), slices.Max(ratios)),
+				med(i, func(r testing.BenchmarkResult) float64 { return r.Extra["redis-script-us/call"] }))
 		}
 		lo, hi := slices.Min(cpu), slices.Max(cpu)
 		allocs := func(r testing.BenchmarkResult) float64 { return float64(r.AllocsPerOp()) }
@@ -103,7 +118,7 @@ func TestColdRatios(t *testing.T) {
 			fmt.Sprintf("%.1f / %.1f", med(0, script), med(1, script)),
 			fmt.Sprintf("%.0f / %.0f", med(0, ns), med(1, ns)))
 	}
-	t.Log("\n" + out.String())
+	t.Log("\n" + out.String() + layers.String())
 }
 
 // coldFile is where make bench writes TestColdRatios's output.
@@ -120,7 +135,8 @@ func TestColdTable(t *testing.T) {
 	keepSection(t, "cold", want, coldFile)
 }
 
-// coldTable renders TestColdRatios's medians in path as a markdown table.
+// coldTable renders TestColdRatios's medians in path as markdown tables:
+// the limiters', and their layers'.
 func coldTable(path string) (string, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -128,20 +144,33 @@ func coldTable(path string) (string, error) {
 	}
 	commit := "?"
 	var rows []string
+	// layers[goroutines][impl] is "<ratio> (<lo>–<hi>)" and its script µs.
+	layers := map[string]map[string][2]string{}
+	var levels []string
 	for line := range strings.SplitSeq(string(data), "\n") {
 		if c, ok := strings.CutPrefix(line, "commit: "); ok {
 			commit = strings.TrimSpace(c)
 			continue
 		}
-		// cold <goroutines> <ratio> (<lo>–<hi>) <allocs> / <allocs> <µs> / <µs> <ns> / <ns>
 		fs := strings.Fields(line)
-		if len(fs) != 13 || fs[0] != "cold" {
+		if len(fs) < 2 {
 			continue
 		}
 		if _, err := strconv.Atoi(fs[1]); err != nil {
 			continue
 		}
-		rows = append(rows, fmt.Sprintf("| %s | %s %s | %s / %s | %s / %s | %s / %s |", fs[1], fs[2], fs[3], fs[4], fs[6], fs[7], fs[9], fs[10], fs[12]))
+		switch {
+		case len(fs) == 13 && fs[0] == "cold":
+			// cold <goroutines> <ratio> (<lo>–<hi>) <allocs> / <allocs> <µs> / <µs> <ns> / <ns>
+			rows = append(rows, fmt.Sprintf("| %s | %s %s | %s / %s | %s / %s | %s / %s |", fs[1], fs[2], fs[3], fs[4], fs[6], fs[7], fs[9], fs[10], fs[12]))
+		case len(fs) == 6 && fs[0] == "layer":
+			// layer <goroutines> <impl> <ratio> (<lo>–<hi>) <script µs>
+			if layers[fs[1]] == nil {
+				layers[fs[1]] = map[string][2]string{}
+				levels = append(levels, fs[1])
+			}
+			layers[fs[1]][fs[2]] = [2]string{fs[3] + " " + fs[4], fs[5]}
+		}
 	}
 	if len(rows) == 0 {
 		return "", fmt.Errorf("%s holds no cold medians", path)
@@ -152,6 +181,24 @@ func coldTable(path string) (string, error) {
 	b.WriteString("|---|---|---|---|---|\n")
 	for _, r := range rows {
 		b.WriteString(r + "\n")
+	}
+	if len(levels) == 0 {
+		return "", fmt.Errorf("%s holds no layer medians", path)
+	}
+	b.WriteString("\nThe same rounds, client CPU per call × redis_rate's per decision (rounds' range) and Redis µs a script call, of each layer a cold decision passes through (`coldLayers`):\n\n")
+	names := []string{"hybrid", "store", "shape", "rr-shape"}
+	b.WriteString("| goroutines | hybrid | its store alone | go-redis, the store's command | go-redis, redis_rate's command |\n")
+	b.WriteString("|---|---|---|---|---|\n")
+	for _, par := range levels {
+		b.WriteString("| " + par + " |")
+		for _, n := range names {
+			l, ok := layers[par][n]
+			if !ok {
+				return "", fmt.Errorf("%s: no layer %s at %s goroutines", path, n, par)
+			}
+			fmt.Fprintf(&b, " %s; %s µs |", l[0], l[1])
+		}
+		b.WriteString("\n")
 	}
 	return b.String(), nil
 }
