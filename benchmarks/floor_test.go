@@ -122,9 +122,9 @@ func coldLimiters(srv *redistest.Server, keys []string) []benchImpl {
 }
 
 // coldLayers returns, for TestColdRatios, the layers a cold decision of
-// hybrid's passes through, each timed alone on keys (which it does not
-// write): "store", hybrid's RedisStore answering a one-token lease, with
-// no limiter, entry or breaker before it; "shape", go-redis sending the
+// hybrid's passes through, each timed alone, walking keys under a name
+// of its own: "store", hybrid's RedisStore answering a one-token lease,
+// with no limiter, entry or breaker before it; "shape", go-redis sending the
 // store's EVALSHA (its two keys and eleven arguments) to a script that
 // only returns a reply of the bucket script's thirteen numbers; and
 // "rr-shape", the same for redis_rate's command (one key, five
