@@ -180,11 +180,15 @@ func TestPipelineOverflowPerNode(t *testing.T) {
 		call(req)
 		call(req)
 	}
+	// A call overflows when its node's count passes the pool, and only
+	// then builds the pipeliner: the counts say what each call chose, the
+	// pipeliner appears a moment later.
 	poll.Until(t, "2 calls in flight on each master", 5*time.Second, func() bool { return s.over.inFlight() == 6 })
-	require.True(t, s.over.ap.Load() == nil, "6 calls on 3 nodes with pools of 2 overflowed")
+	require.Equal(t, []int64{pool, pool, pool}, s.over.perNode(), "calls counted per node")
 	call(reqs[0])
 	poll.Until(t, "a third call on one master", 5*time.Second, func() bool { return s.over.inFlight() == 7 })
-	require.True(t, s.over.ap.Load() != nil, "a third call on a node with a pool of 2 did not overflow")
+	require.ElementsMatch(t, []int64{pool + 1, pool, pool}, s.over.perNode(), "calls counted per node")
+	poll.Until(t, "the third call on a node with a pool of 2 overflows", 5*time.Second, func() bool { return s.over.ap.Load() != nil })
 	resume()
 	wg.Wait()
 	require.Zero(t, failed.Load(), "calls failed")
@@ -193,9 +197,19 @@ func TestPipelineOverflowPerNode(t *testing.T) {
 // inFlight is how many calls are counted on all nodes.
 func (o *overflow) inFlight() int64 {
 	total := o.one.Load()
+	for _, n := range o.perNode() {
+		total += n
+	}
+	return total
+}
+
+// perNode is the calls counted on each node the client has named, in no
+// order.
+func (o *overflow) perNode() []int64 {
+	var out []int64
 	o.nodes.Range(func(_, n any) bool {
-		total += n.(*atomic.Int64).Load()
+		out = append(out, n.(*atomic.Int64).Load())
 		return true
 	})
-	return total
+	return out
 }
