@@ -152,25 +152,31 @@ func limit(w workload) hybrid.Limit {
 }
 
 func benchRedisRate(b *testing.B, srv *redistest.Server, w workload, keys []string, seq []int32, par int) {
-	ctx := context.Background()
 	c, calls := client(b, srv)
-	lim := redis_rate.NewLimiter(c)
-	l := redis_rate.Limit{Rate: int(w.rate), Period: time.Second, Burst: int(w.burst)}
-	prefix := "bench-rr-" + time.Now().Format("150405.000000") + ":"
-	rkeys := make([]string, len(keys))
-	for i, k := range keys {
-		rkeys[i] = prefix + k
-	}
-	decide := func(i int32) bool {
-		res, err := lim.Allow(ctx, rkeys[i], l)
-		return err == nil && res.Allowed > 0
-	}
+	decide := redisRateDecide(c, w, keys, "bench-rr-")
 	up := warm(w.keys, decide)
 	m := startMeter(b, c, calls, par)
 	res := drive(b, par, seq, decide)
 	m.report(b, int64(b.N))
 	res.report(b)
 	reportPerKey(b, w, up.heap/float64(w.keys))
+}
+
+// redisRateDecide returns a decision on keys[i] by redis_rate on c, at
+// w's limit, under a fresh prefix (no run inherits another's buckets).
+func redisRateDecide(c redis.UniversalClient, w workload, keys []string, prefix string) func(i int32) bool {
+	ctx := context.Background()
+	lim := redis_rate.NewLimiter(c)
+	l := redis_rate.Limit{Rate: int(w.rate), Period: time.Second, Burst: int(w.burst)}
+	prefix += time.Now().Format("150405.000000") + ":"
+	rkeys := make([]string, len(keys))
+	for i, k := range keys {
+		rkeys[i] = prefix + k
+	}
+	return func(i int32) bool {
+		res, err := lim.Allow(ctx, rkeys[i], l)
+		return err == nil && res.Allowed > 0
+	}
 }
 
 // benchLocal is the floor: golang.org/x/time/rate, one limiter per key in

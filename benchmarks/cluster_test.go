@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-redis/redis_rate/v10"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/remote"
@@ -86,18 +85,7 @@ func benchClusterHybrid(b *testing.B, cl *redistest.Cluster, w workload, keys []
 }
 
 func benchClusterRedisRate(b *testing.B, cl *redistest.Cluster, w workload, keys []string, seq []int32, par int) {
-	ctx := context.Background()
-	lim := redis_rate.NewLimiter(clusterClient(b, cl))
-	l := redis_rate.Limit{Rate: int(w.rate), Period: time.Second, Burst: int(w.burst)}
-	prefix := "bench-cluster-rr-" + time.Now().Format("150405.000000") + ":"
-	rkeys := make([]string, len(keys))
-	for i, k := range keys {
-		rkeys[i] = prefix + k
-	}
-	decide := func(i int32) bool {
-		res, err := lim.Allow(ctx, rkeys[i], l)
-		return err == nil && res.Allowed > 0
-	}
+	decide := redisRateDecide(clusterClient(b, cl), w, keys, "bench-cluster-rr-")
 	warm(w.keys, decide)
 	res := drive(b, par, seq, decide)
 	res.report(b)
@@ -111,16 +99,7 @@ const clusterFile = "results/cluster.txt"
 // TestClusterTable checks that docs/benchmarks.md's cluster table is the
 // one results/cluster.txt gives; run it with UPDATE_README=1 after make
 // bench-cluster to rewrite it.
-func TestClusterTable(t *testing.T) {
-	config, rows, err := parseResults(clusterFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rows) == 0 {
-		t.Fatalf("%s holds no benchmark lines", clusterFile)
-	}
-	keepSection(t, "cluster", clusterTable(config, rows), clusterFile)
-}
+func TestClusterTable(t *testing.T) { checkTable(t, "cluster", clusterFile, clusterTable) }
 
 // clusterTable renders the cluster rows: the figures the modes differ in.
 func clusterTable(config []string, rows []row) string {

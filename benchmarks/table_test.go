@@ -114,15 +114,20 @@ const docsFile = "../docs/benchmarks.md"
 // TestReadmeTable checks that the documented benchmark table
 // (docs/benchmarks.md) is the one results/latest.txt gives; after `make
 // bench`, run it with UPDATE_README=1 to rewrite it.
-func TestReadmeTable(t *testing.T) {
-	config, rows, err := parseResults(resultsFile)
+func TestReadmeTable(t *testing.T) { checkTable(t, "bench", resultsFile, markdownTable) }
+
+// checkTable checks docsFile's section name against the table render
+// makes of file's benchmark lines (see keepSection).
+func checkTable(t *testing.T, name, file string, render func(config []string, rows []row) string) {
+	t.Helper()
+	config, rows, err := parseResults(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rows) == 0 {
-		t.Fatalf("%s holds no benchmark lines", resultsFile)
+		t.Fatalf("%s holds no benchmark lines", file)
 	}
-	keepSection(t, "bench", markdownTable(config, rows), resultsFile)
+	keepSection(t, name, render(config, rows), file)
 }
 
 // keepSection checks that docsFile's section between <!-- name:start -->
