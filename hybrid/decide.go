@@ -242,12 +242,12 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 	l.checkMode()
 	switch l.store.State() {
 	case gobreaker.StateOpen:
-		return l.outage.decide(e, p, n, now), true, nil
+		return l.withoutCall(e, n, l.outage.decide(e, p, n, now)), true, nil
 	case gobreaker.StateHalfOpen:
 		// Probe in the background; nobody waits on a store that was
 		// down a moment ago.
 		l.leaser.refillAsync(e)
-		return l.outage.decide(e, p, n, now), true, nil
+		return l.withoutCall(e, n, l.outage.decide(e, p, n, now)), true, nil
 	}
 	until := e.readyFor(n, now)
 	// A cached refusal for as many tokens or fewer holds for n too; a
@@ -260,12 +260,12 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 		return l.reject(e, p, SourceLease, time.Duration(until-now), now), true, nil
 	}
 	if l.outage.held(now) {
-		return l.outage.decide(e, p, n, now), true, nil
+		return l.withoutCall(e, n, l.outage.decide(e, p, n, now)), true, nil
 	}
 	if since := e.callSince.Load(); since != 0 && now.sub(since-1) > l.cfg.storeTimeout {
 		// The key's store call has been out longer than a decision may
 		// wait: joining it would only wait out the store timeout again.
-		return l.slow(e, p, n, now), true, nil
+		return l.withoutCall(e, n, l.slow(e, p, n, now)), true, nil
 	}
 	if wait, err := e.corruption(now); err != nil {
 		l.stats.rejected[SourceRemote].Add(1)
@@ -275,6 +275,20 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 		return l.reject(e, p, SourceRemote, p.tier(e).est.DurationFor(n), now), true, nil
 	}
 	return Decision{}, false, nil
+}
+
+// withoutCall is d, a decision on e made for n without a store call by an
+// outage or a slow store. A refusal is demand all the same, as a cached
+// refusal's is: it sizes the lease after recovery, and it keeps the key
+// from being forgotten as idle. A key the share keeps refusing, forgotten,
+// came back as one this process had never seen, whose share starts with a
+// burst (TestOutageRefusalsKeepTheKey). An admission owes debt, which
+// keeps the key as well.
+func (l *Limiter) withoutCall(e *entry, n int64, d Decision) Decision {
+	if !d.Allowed {
+		e.misses.Add(n)
+	}
+	return d
 }
 
 // storeFailed decides n on e after the store call of the round that began

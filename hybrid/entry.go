@@ -334,10 +334,13 @@ func (e *entry) idleSweep(activity int64, busy bool) int {
 }
 
 // busy reports whether e holds anything that eviction would lose or that
-// is still changing: tokens, a reservation, a refill, outage debt or a
-// cached "empty until" answer.
+// is still changing: tokens, a reservation, a refill, a store call still
+// out or callers waiting on one (what it brings is deposited into e: an
+// entry forgotten meanwhile takes it out of use, TestKeyWithACallInFlightIsKept),
+// outage debt or a cached "empty until" answer.
 func (e *entry) busy(now mono) bool {
 	return e.lease.Tokens() > 0 || e.pendingUntil() != 0 || e.refilling.Load() || e.debt() != 0 ||
+		e.callSince.Load() != 0 || e.waiting.Load() != 0 ||
 		e.answer.emptyUntil.Load() > now || e.held() != nil
 }
 

@@ -1,0 +1,126 @@
+package hybrid
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/remote"
+	"github.com/stretchr/testify/require"
+)
+
+// gated is a Store whose Lease calls wait, while closed is set, until
+// open is called or their context ends.
+type gated struct {
+	remote.Store
+	leases  atomic.Int64
+	mu      sync.Mutex
+	gate    chan struct{} // nil: open
+	arrived chan struct{} // receives as a call reaches the gate
+}
+
+func (g *gated) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.gate, g.arrived = make(chan struct{}), make(chan struct{}, 16)
+}
+
+func (g *gated) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	close(g.gate)
+	g.gate = nil
+}
+
+func (g *gated) Lease(ctx context.Context, r remote.Request) (remote.Result, error) {
+	g.leases.Add(1)
+	g.mu.Lock()
+	gate, arrived := g.gate, g.arrived
+	g.mu.Unlock()
+	if gate != nil {
+		arrived <- struct{}{}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return remote.Result{}, ctx.Err()
+		}
+	}
+	return g.Store.Lease(ctx, r)
+}
+
+// TestKeyWithACallInFlightIsKept: a key whose store call is still out is
+// not forgotten as idle, however many sweeps pass with no decision on it:
+// the call deposits into the entry, and an entry forgotten meanwhile
+// took the call's tokens out of every sweep's and Close's reach.
+func TestKeyWithACallInFlightIsKept(t *testing.T) {
+	w := newFakeWorld()
+	st := &gated{Store: w.store}
+	l, err := New(st, Policy{Name: "in-flight", Limit: PerSecond(100)}, WithClock(w.clk),
+		WithOutageMode(OutageFailClosed), quiet) // a slow decision refuses: no outage debt keeps the key
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	require.True(t, l.Allow(ctx, "k"), "first decision")
+	e := l.keys.load("k")
+	require.NotNil(t, e)
+	for e.lease.Tokens() > 0 { // spend the lease (not the bucket), so the next decision calls
+		require.True(t, l.Allow(ctx, "k"))
+	}
+	st.close()
+	decided := make(chan Decision, 1)
+	go func() {
+		d, _ := l.AllowN(ctx, "k", 1)
+		decided <- d
+	}()
+	<-st.arrived
+	// Sweeps run inside Advance (manual clock); the caller's wait ends at
+	// the store timeout. Twice the sweeps that forget an idle key.
+	for range 2 * idleSweepsBeforeEvict {
+		w.clk.Advance(l.cfg.sweepInterval)
+	}
+	require.False(t, (<-decided).Allowed, "the caller waited out the store timeout")
+	require.Same(t, e, l.keys.load("k"), "the key was forgotten while its call was out")
+	inflow := e.inflow.Load()
+	st.open()
+	eventually(t, "the call to land", func() bool { return e.callSince.Load() == 0 })
+	require.Greater(t, e.inflow.Load(), inflow, "the call's tokens did not reach the key's entry")
+	// The lease is past its life by now: the next sweep takes it out, and
+	// the key's books balance (leased less taken out = admitted + held).
+	w.clk.Advance(l.cfg.sweepInterval)
+	require.Zero(t, e.lease.Tokens(), "tokens left in a lease past its life")
+	require.Equal(t, e.admits.Load(), e.inflow.Load(), "the key's books")
+}
+
+// TestOutageRefusalsKeepTheKey: in an outage, a key at its limit that the
+// degraded share keeps refusing is in use, not idle. Forgotten, it came
+// back as a key this process had never seen, whose share starts with a
+// burst: over the bound, once per idle timeout.
+func TestOutageRefusalsKeepTheKey(t *testing.T) {
+	w := newFakeWorld()
+	st := &flaky{Store: w.store}
+	// The share of one process in four: 1 token a minute, burst 1.
+	l, err := New(st, Policy{Name: "outage-idle", Limit: Limit{Rate: 4, Period: time.Minute, Burst: 4}},
+		WithClock(w.clk), WithFleetSize(4), quiet)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	for i := 0; l.Allow(ctx, "k"); i++ {
+		require.Less(t, i, 4, "admitted past the burst")
+	}
+	e := l.keys.load("k")
+	st.down.Store(true)
+	// 20 s of decisions every sweep: the cached refusal runs out, the
+	// store calls fail, the breaker opens and the share decides.
+	var outage Stats
+	for range 80 {
+		w.clk.Advance(l.cfg.sweepInterval)
+		d, err := l.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "admitted %v at %v into the outage", d.Source, w.clk.Now().Sub(t0))
+		outage = l.Stats()
+	}
+	require.Same(t, e, l.keys.load("k"), "the key was forgotten in the outage")
+	require.Positive(t, outage.Source(SourceDegraded).Rejected, "the share never decided")
+}
