@@ -278,16 +278,15 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 }
 
 // withoutCall is d, a decision on e made for n without a store call by an
-// outage or a slow store. A refusal is demand all the same, as a cached
-// refusal's is: it sizes the lease after recovery, and it keeps the key
-// from being forgotten as idle. A key the share keeps refusing, forgotten,
-// came back as one this process had never seen, whose share starts with a
-// burst (TestOutageRefusalsKeepTheKey). An admission owes debt, which
-// keeps the key as well.
+// outage, the recovery hold or a slow store. It is demand all the same,
+// as a cached refusal is: it sizes the lease after recovery, and it keeps
+// the key from being forgotten as idle. Neither a refusal nor an
+// admission did (the debt an admission owes is settled at each sweep of
+// the recovery hold), and a key forgotten came back as one this process
+// had never seen, whose share starts with a burst
+// (TestOutageRefusalsKeepTheKey, TestRecoveryHoldKeepsTheKey).
 func (l *Limiter) withoutCall(e *entry, n int64, d Decision) Decision {
-	if !d.Allowed {
-		e.misses.Add(n)
-	}
+	e.misses.Add(n)
 	return d
 }
 

@@ -124,3 +124,76 @@ func TestOutageRefusalsKeepTheKey(t *testing.T) {
 	require.Same(t, e, l.keys.load("k"), "the key was forgotten in the outage")
 	require.Positive(t, outage.Source(SourceDegraded).Rejected, "the share never decided")
 }
+
+// flakyFleet is flaky over a MemoryStore, heartbeats included.
+type flakyFleet struct {
+	flaky
+	mem *remote.MemoryStore
+}
+
+func (f *flakyFleet) Heartbeat(ctx context.Context, prefix, policy, member string, expiry time.Duration) (int, error) {
+	if f.down.Load() {
+		return 0, f.err()
+	}
+	return f.mem.Heartbeat(ctx, prefix, policy, member, expiry)
+}
+
+func (f *flakyFleet) Leave(ctx context.Context, prefix, policy, member string) error {
+	if f.down.Load() {
+		return f.err()
+	}
+	return f.mem.Leave(ctx, prefix, policy, member)
+}
+
+// TestRecoveryHoldKeepsTheKey: in the recovery hold (the store is back,
+// a peer counted before the outage is not), a key its share decides at
+// every sweep is in use, though each sweep settles what the share
+// admitted. Forgotten, it came back as a key this process had never
+// seen, whose share starts with a burst.
+func TestRecoveryHoldKeepsTheKey(t *testing.T) {
+	w := newFakeWorld()
+	st := &flakyFleet{flaky: flaky{Store: w.store}, mem: w.store}
+	p := Policy{Name: "hold-idle", Limit: PerSecond(40)}
+	hb := WithHeartbeat(100*time.Millisecond, 300*time.Millisecond)
+	a, err := New(st, p, WithClock(w.clk), hb, quiet)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		// Past the hold, whose heartbeats wait on the manual clock.
+		w.clk.Advance(a.cfg.recoveryHold)
+		_ = a.Close(context.Background())
+	})
+	peer, err := New(w.store, p, WithClock(w.clk), hb, quiet)
+	require.NoError(t, err)
+	ctx := context.Background()
+	w.clk.Advance(200 * time.Millisecond) // both heartbeat
+	require.EqualValues(t, 2, a.outage.count.Load(), "fleet counted")
+	require.True(t, a.Allow(ctx, "k"))
+	e := a.keys.load("k")
+	for e.lease.Tokens() > 0 {
+		require.True(t, a.Allow(ctx, "k"))
+	}
+	st.down.Store(true)
+	eventually(t, "the breaker to open", func() bool {
+		a.Allow(ctx, "k")
+		return a.Mode() == ModeDegraded
+	})
+	require.NoError(t, peer.Close(ctx)) // the peer is gone: the hold runs its 5 s
+	st.down.Store(false)
+	eventually(t, "the store back, the hold on", func() bool {
+		a.Allow(ctx, "probe")
+		w.clk.Advance(time.Millisecond)
+		return a.outage.held(a.cfg.now())
+	})
+	require.Same(t, e, a.keys.load("k"), "forgotten before the hold")
+	var shared int
+	for range 2 * idleSweepsBeforeEvict { // 4 s of the 5 s hold
+		w.clk.Advance(a.cfg.sweepInterval)
+		d, err := a.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+		if d.Source == SourceDegraded {
+			shared++
+		}
+	}
+	require.Equal(t, 2*idleSweepsBeforeEvict, shared, "decisions its share made in the hold")
+	require.Same(t, e, a.keys.load("k"), "the key was forgotten in the recovery hold")
+}
