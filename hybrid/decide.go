@@ -254,10 +254,7 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 	// smaller request may fit and asks the store.
 	until = max(until, e.refusedUntil(n, now))
 	if now < until {
-		// Demand all the same: it sizes the next lease, and it keeps
-		// the key (and this cached answer) from being evicted as idle.
-		e.misses.Add(n)
-		return l.reject(e, p, SourceLease, time.Duration(until-now), now), true, nil
+		return l.withoutCall(e, n, l.reject(e, p, SourceLease, time.Duration(until-now), now)), true, nil
 	}
 	if l.outage.held(now) {
 		return l.withoutCall(e, n, l.outage.decide(e, p, n, now)), true, nil
@@ -277,14 +274,14 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 	return Decision{}, false, nil
 }
 
-// withoutCall is d, a decision on e made for n without a store call by an
-// outage, the recovery hold or a slow store. It is demand all the same,
-// as a cached refusal is: it sizes the lease after recovery, and it keeps
-// the key from being forgotten as idle. Neither a refusal nor an
-// admission did (the debt an admission owes is settled at each sweep of
-// the recovery hold), and a key forgotten came back as one this process
-// had never seen, whose share starts with a burst
-// (TestOutageRefusalsKeepTheKey, TestRecoveryHoldKeepsTheKey).
+// withoutCall is d, a decision on e made for n without a store call: by
+// a cached refusal, an outage, the recovery hold or a slow store. It is
+// demand all the same: it sizes the next lease, and it keeps the key (and
+// a cached answer) from being forgotten as idle. Only the cached refusal
+// used to count: a key its share kept deciding in an outage or the hold
+// (whose sweeps settle the debt an admission owes) was forgotten, and
+// came back as one this process had never seen, whose share starts with
+// a burst (TestOutageRefusalsKeepTheKey, TestRecoveryHoldKeepsTheKey).
 func (l *Limiter) withoutCall(e *entry, n int64, d Decision) Decision {
 	e.misses.Add(n)
 	return d
