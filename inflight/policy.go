@@ -248,3 +248,57 @@ func (l *Limiter) adopt(p Policy, first bool) {
 		}
 	}
 }
+
+// ReadPolicy returns the record of the in-flight limit name that the
+// fleet's limiters keep in store under prefix ("" for
+// remote.DefaultPrefix), for operators' tools; ok is false when no
+// limiter has published one (or it expired).
+func ReadPolicy(ctx context.Context, store remote.Store, prefix, name string) (p Policy, ok bool, err error) {
+	b, key, err := policyBackend(store, prefix, name)
+	if err != nil {
+		return Policy{}, false, err
+	}
+	rec, err := b.policy(ctx, key, "", 0)
+	if err != nil || rec == "" {
+		return Policy{}, false, err
+	}
+	p, err = policyFrom(name, rec)
+	return p, err == nil, err
+}
+
+// PublishPolicy stores p as the fleet's policy, as SetPolicy does, without
+// a limiter: every limiter of p.Name adopts it within a poll. It returns
+// the policy in force after the call: p, or, with ErrStalePolicy, the
+// record whose version is not below p's.
+func PublishPolicy(ctx context.Context, store remote.Store, prefix string, p Policy) (Policy, error) {
+	if err := p.Validate(); err != nil {
+		return Policy{}, err
+	}
+	b, key, err := policyBackend(store, prefix, p.Name)
+	if err != nil {
+		return Policy{}, err
+	}
+	rec, err := b.policy(ctx, key, p.record(), p.Version)
+	if err != nil {
+		return Policy{}, errs.Errorf("inflight", "PublishPolicy %q: %w", p.Name, err)
+	}
+	stored, err := policyFrom(p.Name, rec)
+	if err != nil {
+		return Policy{}, err
+	}
+	if !stored.Equal(p) {
+		return stored, errs.Errorf("inflight", "PublishPolicy %q v%d: the store holds v%d: %w", p.Name, p.Version, stored.Version, ErrStalePolicy)
+	}
+	return stored, nil
+}
+
+func policyBackend(store remote.Store, prefix, name string) (backend, string, error) {
+	if prefix == "" {
+		prefix = remote.DefaultPrefix
+	}
+	if err := keys.ValidateNames(prefix, name); err != nil {
+		return nil, "", errs.Errorf("inflight", "%w: %w", ErrInvalidOption, err)
+	}
+	b, err := backendOf(store)
+	return b, keys.SlotsPolicy(prefix, name), err
+}

@@ -3,6 +3,7 @@ package inflight
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/hooks"
+	"github.com/leasehold/leasehold/internal/keys"
 	"github.com/leasehold/leasehold/remote"
 )
 
@@ -185,4 +187,71 @@ func recordVersion(rec string) (uint64, error) {
 		return 0, fmt.Errorf("%w: policy record %.64q", remote.ErrCorruptState, rec)
 	}
 	return v, nil
+}
+
+// Holders is a key's slots as the store keeps them, for operators' tools.
+type Holders struct {
+	// Version and Limit are the newest policy version that set the key's
+	// limit, and that limit; 0 when no call has set one.
+	Version uint64
+	Limit   int64
+	// Held lists the live holders, by name.
+	Held []Holding
+}
+
+// Holding is what one process holds of a key.
+type Holding struct {
+	Holder string
+	// Slots is what it holds; Wants what it last asked for.
+	Slots, Wants int64
+	// TermLeft is how long its slots stay counted if it makes no call.
+	TermLeft time.Duration
+}
+
+// ReadSlots returns the slots of key under tier ("" for none) of the
+// in-flight limit policy, as kept in a *remote.RedisStore under prefix (""
+// for remote.DefaultPrefix).
+func ReadSlots(ctx context.Context, store remote.Store, prefix, policy, tier, key string) (Holders, error) {
+	if prefix == "" {
+		prefix = remote.DefaultPrefix
+	}
+	if err := keys.Validate(prefix, policy, key); err != nil {
+		return Holders{}, errs.Errorf("inflight", "%w: %w", ErrInvalidOption, err)
+	}
+	c, ok := store.(interface{ Client() redis.UniversalClient })
+	if !ok {
+		return Holders{}, errs.Errorf("inflight", "%w: ReadSlots reads a *remote.RedisStore, not %T", ErrInvalidOption, store)
+	}
+	k := keys.Slots(prefix, policy, tier, key)
+	var all *redis.MapStringStringCmd
+	var now *redis.TimeCmd
+	// One node: TIME from the node that holds the key.
+	if _, err := c.Client().Pipelined(ctx, func(p redis.Pipeliner) error {
+		all, now = p.HGetAll(ctx, k), p.Time(ctx)
+		return nil
+	}); err != nil {
+		return Holders{}, hooks.StoreFailed(store, k, err)
+	}
+	bad := func(what string) (Holders, error) {
+		return Holders{}, errs.Errorf("inflight", "slots %q: %w: %s", k, remote.ErrCorruptState, what)
+	}
+	var h Holders
+	nowMicros := now.Val().UnixMicro()
+	for field, v := range all.Val() {
+		if field == "#v" {
+			if _, err := fmt.Sscanf(v, "%d %d", &h.Version, &h.Limit); err != nil {
+				return bad("version " + v)
+			}
+			continue
+		}
+		var count, exp, want int64
+		if _, err := fmt.Sscanf(v, "%d %d %d", &count, &exp, &want); err != nil {
+			return bad("record " + v)
+		}
+		if exp > nowMicros {
+			h.Held = append(h.Held, Holding{Holder: field, Slots: count, Wants: want, TermLeft: time.Duration(exp-nowMicros) * time.Microsecond})
+		}
+	}
+	slices.SortFunc(h.Held, func(a, b Holding) int { return strings.Compare(a.Holder, b.Holder) })
+	return h, nil
 }

@@ -44,10 +44,24 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil && !errors.Is(err, context.Canceled) {
-		fmt.Fprintln(os.Stderr, "leasehold-demo:", err)
-		os.Exit(1)
+	os.Exit(exitCode(run(ctx, os.Args[1:], os.Stderr, nil), os.Stderr))
+}
+
+// errUsage marks a bad flag: exit 2, as the flag package's own programs do.
+var errUsage = errors.New("bad usage")
+
+// exitCode is 0 when the demo ran until interrupted or -h was asked for, 2
+// for bad usage and 1 for anything else, reported in one line.
+func exitCode(err error, stderr io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, context.Canceled), errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintln(stderr, "leasehold-demo:", err)
+		return 2
 	}
+	fmt.Fprintln(stderr, "leasehold-demo:", err)
+	return 1
 }
 
 // options are the demo's flags.
@@ -60,17 +74,26 @@ type options struct {
 func parse(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fl := flag.NewFlagSet("leasehold-demo", flag.ContinueOnError)
-	fl.SetOutput(stderr)
+	fl.SetOutput(io.Discard) // -h prints the usage once, below; errors are one line
 	fl.StringVar(&o.addr, "addr", "localhost:8080", "listen address")
 	fl.StringVar(&o.redis, "redis", os.Getenv(redisurl.EnvVar), "Redis host:port or URL (default $"+redisurl.EnvVar+", else an embedded miniredis)")
 	fl.IntVar(&o.rate, "rate", 50, "limit per second per tenant")
 	fl.IntVar(&o.load, "load", 120, "requests per second the built-in client sends, per tenant (3 tenants)")
 	fl.DurationVar(&o.outageEvery, "outage", 0, "cut the store off for 5 s every this long (0: only from the page)")
 	if err := fl.Parse(args); err != nil {
-		return o, err
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, "usage: leasehold-demo [flags]\n\nA demo server: three tenants over their limit on one leasehold limiter, and a page at -addr that shows it.\n\nflags:")
+			fl.SetOutput(stderr)
+			fl.PrintDefaults()
+			return o, err
+		}
+		return o, fmt.Errorf("%w: %v (-h lists the flags)", errUsage, err)
+	}
+	if fl.NArg() > 0 {
+		return o, fmt.Errorf("%w: unexpected argument %q (-h lists the flags)", errUsage, fl.Arg(0))
 	}
 	if o.rate <= 0 || o.load < 0 {
-		return o, errors.New("-rate must be positive and -load not negative")
+		return o, fmt.Errorf("%w: -rate must be positive and -load not negative", errUsage)
 	}
 	return o, nil
 }

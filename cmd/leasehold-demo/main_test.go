@@ -79,3 +79,32 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("run: %v", err)
 	}
 }
+
+// TestFlags: -h prints the usage once and exits 0; a bad flag or argument
+// exits 2 with one line that names it.
+func TestFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args     []string
+		code     int
+		has      string
+		lines    int // lines on stderr, 0 for any
+		usageOut int // times "usage:" appears
+	}{
+		{[]string{"-h"}, 0, "-rate", 0, 1},
+		{[]string{"-help"}, 0, "-outage", 0, 1},
+		{[]string{"-nope"}, 2, "flag provided but not defined: -nope", 1, 0},
+		{[]string{"-rate", "0"}, 2, "-rate must be positive", 1, 0},
+		{[]string{"extra"}, 2, `unexpected argument "extra"`, 1, 0},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var stderr strings.Builder
+			_, err := parse(tc.args, &stderr)
+			code := exitCode(err, &stderr)
+			out := stderr.String()
+			if code != tc.code || !strings.Contains(out, tc.has) || strings.Count(out, "usage: leasehold-demo") != tc.usageOut ||
+				tc.lines > 0 && strings.Count(out, "\n") != tc.lines {
+				t.Fatalf("exit %d (want %d), output:\n%s", code, tc.code, out)
+			}
+		})
+	}
+}

@@ -8,10 +8,17 @@
 //	leasehold [-url URL | -addr host:port] [-cluster] [-prefix p] [-timeout d] COMMAND ...
 //
 //	leasehold bucket POLICY KEY
+//	leasehold slots POLICY KEY [-tier T]
 //	leasehold policy show POLICY
 //	leasehold policy set POLICY -version V -rate R [-period D] [-burst B]
+//	leasehold policy set POLICY -version V -slots N
 //	leasehold policy delete POLICY
 //	leasehold fleet POLICY
+//
+// A policy is a rate limit's (hybrid) or an in-flight limit's (inflight):
+// policy show prints whichever records exist, policy set -slots sets an
+// in-flight limit's, and slots shows which processes hold a key's slots.
+// Global flags may also follow the command (policy show api -addr h:p).
 //
 // The URL is go-redis's: redis:// or rediss:// (TLS), user:password@ for
 // AUTH, /db, options as query parameters (dial_timeout=3s, skip_verify=
@@ -39,6 +46,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasehold/leasehold/inflight"
 	"github.com/leasehold/leasehold/internal/keys"
 	"github.com/leasehold/leasehold/internal/redisurl"
 	"github.com/leasehold/leasehold/local"
@@ -70,8 +78,9 @@ type command struct {
 
 var commands = []command{
 	{"bucket", []string{"POLICY", "KEY"}, "a key's bucket: level, limit, version, next token, TTL"},
-	{"policy show", []string{"POLICY"}, "the policy record in force"},
-	{"policy set", []string{"POLICY"}, "a new version (-version V -rate R [-period D] [-burst B]); every limiter follows"},
+	{"slots", []string{"POLICY", "KEY"}, "an in-flight limit's key: its limit and the slots each process holds"},
+	{"policy show", []string{"POLICY"}, "the policy record in force (a rate limit's, an in-flight limit's, or both)"},
+	{"policy set", []string{"POLICY"}, "a new version (-version V -rate R [-period D] [-burst B], or -version V -slots N for an in-flight limit); every limiter follows"},
 	{"policy diff", []string{"POLICY"}, "compare the record with a limit (-rate R [-period D] [-burst B], as in your code); exit 1 if they differ"},
 	{"policy delete", []string{"POLICY"}, "remove the record (before limiters start with the code's)"},
 	{"fleet", []string{"POLICY"}, "live limiters and their last heartbeat"},
@@ -100,30 +109,33 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cluster := fl.Bool("cluster", false, "Redis Cluster")
 	prefix := fl.String("prefix", remote.DefaultPrefix, "key prefix the limiters use (hybrid.WithPrefix)")
 	timeout := fl.Duration("timeout", 3*time.Second, "how long to wait for Redis")
-	fl.Usage = usage(fl, stderr)
+	// The flag package would print the usage itself on -h and on errors:
+	// it is printed once, below, to stdout when asked for and to stderr
+	// after an error.
+	fl.Usage = func() {}
 	if err := fl.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			usage(fl, stdout)()
 			return 0
 		}
 		fmt.Fprintln(stderr, "leasehold:", err)
-		fl.Usage()
+		usage(fl, stderr)()
 		return 2
 	}
 	rest := fl.Args()
 	if len(rest) == 0 {
 		fmt.Fprintln(stderr, "leasehold: no command")
-		fl.Usage()
+		usage(fl, stderr)()
 		return 2
 	}
-	cmd, err := parseCommand(rest, stdout)
+	cmd, err := parseCommand(rest, fl, stdout)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case err != nil:
 		fmt.Fprintln(stderr, "leasehold:", err)
 		if cmd == nil {
-			fl.Usage()
+			usage(fl, stderr)()
 		}
 		return 2
 	}
@@ -180,9 +192,10 @@ type runner func(ctx context.Context, s *remote.RedisStore, prefix string, out i
 // not the global one).
 func noop(context.Context, *remote.RedisStore, string, io.Writer) error { return nil }
 
-// parseCommand parses a command and its own flags. -h prints the
-// command's help to out and returns flag.ErrHelp.
-func parseCommand(args []string, out io.Writer) (runner, error) {
+// parseCommand parses a command and its own flags, and the global flags
+// of global again, so that they may also follow the command. -h prints
+// the command's help to out and returns flag.ErrHelp.
+func parseCommand(args []string, global *flag.FlagSet, out io.Writer) (runner, error) {
 	name, rest := args[0], args[1:]
 	if name == "policy" && len(rest) > 0 {
 		name, rest = "policy "+rest[0], rest[1:]
@@ -195,12 +208,23 @@ func parseCommand(args []string, out io.Writer) (runner, error) {
 	fl.SetOutput(io.Discard)
 	var set *policyFlags
 	if name == "policy set" || name == "policy diff" {
-		set = newPolicyFlags(fl)
+		set = newPolicyFlags(fl, name == "policy set")
 	}
-	fl.Usage = func() {
+	var tier *string
+	if name == "slots" {
+		tier = fl.String("tier", "", "the key's tier (inflight.WithTier), if any")
+	}
+	own := flag.NewFlagSet(name, flag.ContinueOnError)
+	fl.VisitAll(func(f *flag.Flag) { own.Var(f.Value, f.Name, f.Usage) })
+	// The global flags share their values: -addr after the command sets
+	// the same -addr as before it.
+	global.VisitAll(func(f *flag.Flag) { fl.Var(f.Value, f.Name, f.Usage) })
+	fl.Usage = func() {}
+	help := func() {
 		fmt.Fprintf(out, "usage: leasehold [flags] %s\n\n%s\n", commands[i].usage(), commands[i].does)
-		fl.SetOutput(out)
-		fl.PrintDefaults()
+		own.SetOutput(out)
+		own.PrintDefaults()
+		fmt.Fprintln(out, "\nThe global flags (leasehold -h) may also follow the command.")
 	}
 	// Positional arguments come first (policy set POLICY -version ...).
 	var pos []string
@@ -209,7 +233,7 @@ func parseCommand(args []string, out io.Writer) (runner, error) {
 	}
 	if err := fl.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fl.Usage()
+			help()
 			return nil, err
 		}
 		return noop, fmt.Errorf("%w: %s: %v", errUsage, name, err)
@@ -222,6 +246,8 @@ func parseCommand(args []string, out io.Writer) (runner, error) {
 		switch name {
 		case "bucket":
 			return bucket(ctx, s, prefix, pos[0], pos[1], out)
+		case "slots":
+			return slots(ctx, s, prefix, pos[0], *tier, pos[1], out)
 		case "policy show":
 			return showPolicy(ctx, s, prefix, pos[0], out)
 		case "policy set":
@@ -292,13 +318,31 @@ func deletePolicy(ctx context.Context, s *remote.RedisStore, prefix, name string
 	if err != nil {
 		return err
 	}
-	if !ok {
-		return fmt.Errorf("policy %q: no record at %s", name, keys.Policy(prefix, name))
+	slots, slotsOK, err := inflight.ReadPolicy(ctx, s, prefix, name)
+	if err != nil {
+		return err
 	}
-	if err := s.Client().Del(ctx, keys.Policy(prefix, name)).Err(); err != nil {
-		return fmt.Errorf("policy %q: %w: %v", name, remote.ErrUnavailable, err)
+	if !ok && !slotsOK {
+		return fmt.Errorf("policy %q: no record at %s nor %s", name, keys.Policy(prefix, name), keys.SlotsPolicy(prefix, name))
 	}
-	fmt.Fprintf(out, "policy %s deleted (was version %d: %v); publish a new one with a version above %d\n", name, rec.Version, rec.Limit, rec.Version)
+	del := func(key string) error {
+		if err := s.Client().Del(ctx, key).Err(); err != nil {
+			return fmt.Errorf("policy %q: %w: %v", name, remote.ErrUnavailable, err)
+		}
+		return nil
+	}
+	if ok {
+		if err := del(keys.Policy(prefix, name)); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "policy %s deleted (was version %d: %v); publish a new one with a version above %d\n", name, rec.Version, rec.Limit, rec.Version)
+	}
+	if slotsOK {
+		if err := del(keys.SlotsPolicy(prefix, name)); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "in-flight policy %s deleted (was version %d: %d in flight); publish a new one with a version above %d\n", name, slots.Version, slots.Slots, slots.Version)
+	}
 	return nil
 }
 
@@ -322,52 +366,101 @@ func bucket(ctx context.Context, s *remote.RedisStore, prefix, policy, key strin
 	return nil
 }
 
+// showPolicy prints the records of name: a rate limit's, an in-flight
+// limit's, or both when both kinds of limiter run under one name.
 func showPolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, out io.Writer) error {
 	rec, ok, err := s.GetPolicy(ctx, prefix, name)
 	if err != nil {
 		return err
 	}
-	if !ok {
-		return fmt.Errorf("policy %q: no record at %s (no limiter has published it, or it expired)", name, keys.Policy(prefix, name))
+	slots, slotsOK, err := inflight.ReadPolicy(ctx, s, prefix, name)
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(out, "policy  %s\nversion %d\nlimit   %v\n", name, rec.Version, rec.Limit)
-	if rec.Window {
-		fmt.Fprintln(out, "algorithm sliding-window")
+	if !ok && !slotsOK {
+		return fmt.Errorf("policy %q: no record at %s nor %s (no limiter has published it, or it expired)",
+			name, keys.Policy(prefix, name), keys.SlotsPolicy(prefix, name))
 	}
-	for _, l := range rec.Also {
-		fmt.Fprintf(out, "also    %v\n", l)
-	}
-	for _, tier := range slices.Sorted(maps.Keys(rec.Tiers)) {
-		t := rec.Tiers[tier]
-		fmt.Fprintf(out, "tier    %s: %v", tier, t.Limit)
-		for _, l := range t.Also {
-			fmt.Fprintf(out, " and %v", l)
+	if ok {
+		fmt.Fprintf(out, "policy  %s (rate limit)\nversion %d\nlimit   %v\n", name, rec.Version, rec.Limit)
+		if rec.Window {
+			fmt.Fprintln(out, "algorithm sliding-window")
 		}
-		fmt.Fprintln(out)
+		for _, l := range rec.Also {
+			fmt.Fprintf(out, "also    %v\n", l)
+		}
+		for _, tier := range slices.Sorted(maps.Keys(rec.Tiers)) {
+			t := rec.Tiers[tier]
+			fmt.Fprintf(out, "tier    %s: %v", tier, t.Limit)
+			for _, l := range t.Also {
+				fmt.Fprintf(out, " and %v", l)
+			}
+			fmt.Fprintln(out)
+		}
+	}
+	if slotsOK {
+		if ok {
+			fmt.Fprintln(out)
+		}
+		fmt.Fprintf(out, "policy  %s (in-flight limit)\nversion %d\nslots   %d in flight per key\n", name, slots.Version, slots.Slots)
+		for _, tier := range slices.Sorted(maps.Keys(slots.Tiers)) {
+			fmt.Fprintf(out, "tier    %s: %d\n", tier, slots.Tiers[tier])
+		}
 	}
 	return nil
 }
 
-// policyFlags are policy set's flags.
-type policyFlags struct {
-	version     *uint64
-	rate, burst *int64
-	period      *time.Duration
+// slots prints an in-flight limit's key: the limit the store holds it
+// under and what each live process holds.
+func slots(ctx context.Context, s *remote.RedisStore, prefix, policy, tier, key string, out io.Writer) error {
+	h, err := inflight.ReadSlots(ctx, s, prefix, policy, tier, key)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "key        %s\n", keys.Slots(prefix, policy, tier, key))
+	if h.Version == 0 && len(h.Held) == 0 {
+		fmt.Fprintln(out, "state      no slots held (never used, or every term ended)")
+		return nil
+	}
+	var held int64
+	for _, x := range h.Held {
+		held += x.Slots
+	}
+	fmt.Fprintf(out, "limit      %d in flight (policy version %d)\nheld       %d by %d processes\n", h.Limit, h.Version, held, len(h.Held))
+	for _, x := range h.Held {
+		fmt.Fprintf(out, "  %s  holds %d, wants %d, term ends in %v\n", x.Holder, x.Slots, x.Wants, x.TermLeft.Round(time.Millisecond))
+	}
+	return nil
 }
 
-func newPolicyFlags(fl *flag.FlagSet) *policyFlags {
-	return &policyFlags{
-		version: fl.Uint64("version", 0, "new version, above the one in force (required)"),
-		rate:    fl.Int64("rate", 0, "tokens per period (required)"),
-		period:  fl.Duration("period", time.Second, "refill period"),
-		burst:   fl.Int64("burst", 0, "bucket size (default: rate)"),
+// policyFlags are policy set's and policy diff's flags.
+type policyFlags struct {
+	version            *uint64
+	rate, burst, slots *int64
+	period             *time.Duration
+}
+
+func newPolicyFlags(fl *flag.FlagSet, set bool) *policyFlags {
+	f := &policyFlags{
+		rate:   fl.Int64("rate", 0, "tokens per period (required for a rate limit)"),
+		period: fl.Duration("period", time.Second, "refill period"),
+		burst:  fl.Int64("burst", 0, "bucket size (default: rate)"),
+		slots:  new(int64),
 	}
+	if set {
+		f.version = fl.Uint64("version", 0, "new version, above the one in force (required)")
+		f.slots = fl.Int64("slots", 0, "requests in flight per key: sets an in-flight limit's policy instead (no -rate)")
+	}
+	return f
 }
 
 func setPolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, f *policyFlags, out io.Writer) error {
 	version, rate, period, burst := f.version, f.rate, f.period, f.burst
+	if *f.slots != 0 {
+		return setSlotsPolicy(ctx, s, prefix, name, f, out)
+	}
 	if *version == 0 || *rate == 0 {
-		return fmt.Errorf("%w: policy set needs -version and -rate", errUsage)
+		return fmt.Errorf("%w: policy set needs -version and -rate (or -slots for an in-flight limit)", errUsage)
 	}
 	if *burst == 0 {
 		*burst = *rate
@@ -386,6 +479,29 @@ func setPolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, f
 		return fmt.Errorf("policy %q: version %d is stale: version %d (%v) is in force", name, *version, cur.Version, cur.Limit)
 	}
 	fmt.Fprintf(out, "policy %s is now version %d: %v\n", name, cur.Version, cur.Limit)
+	return nil
+}
+
+// setSlotsPolicy publishes an in-flight limit's policy; its tiers in
+// force are kept.
+func setSlotsPolicy(ctx context.Context, s *remote.RedisStore, prefix, name string, f *policyFlags, out io.Writer) error {
+	if *f.version == 0 || *f.rate != 0 || *f.burst != 0 {
+		return fmt.Errorf("%w: policy set -slots needs -version, and takes no -rate or -burst", errUsage)
+	}
+	p := inflight.Policy{Name: name, Slots: *f.slots, Version: *f.version}
+	if old, ok, err := inflight.ReadPolicy(ctx, s, prefix, name); err == nil && ok {
+		p.Tiers = old.Tiers
+	}
+	cur, err := inflight.PublishPolicy(ctx, s, prefix, p)
+	switch {
+	case errors.Is(err, inflight.ErrStalePolicy):
+		return fmt.Errorf("policy %q: version %d is stale: version %d (%d in flight) is in force", name, *f.version, cur.Version, cur.Slots)
+	case errors.Is(err, inflight.ErrInvalidOption):
+		return fmt.Errorf("%w: %v", errUsage, err)
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(out, "policy %s is now version %d: %d in flight per key\n", name, cur.Version, cur.Slots)
 	return nil
 }
 

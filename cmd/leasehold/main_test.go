@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/hybrid"
+	"github.com/leasehold/leasehold/inflight"
 	"github.com/leasehold/leasehold/internal/testkit/logtest"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/local"
@@ -216,12 +217,17 @@ func TestUsage(t *testing.T) {
 		out, err string
 	}{
 		{[]string{"-h"}, 0, "policy set POLICY", ""},
+		{[]string{"slots", "-h"}, 0, "-tier string", ""},
+		{[]string{"policy", "set", "api", "-slots", "5"}, 2, "", "needs -version"},
+		{[]string{"policy", "set", "api", "-version", "2", "-slots", "5", "-rate", "3"}, 2, "", "takes no -rate"},
+		{[]string{"fleet", "api", "-nope"}, 2, "", "flag provided but not defined: -nope"},
 		{[]string{"policy", "set", "-h"}, 0, "-version uint", ""},
 		{[]string{"bucket", "-h"}, 0, "usage: leasehold [flags] bucket POLICY KEY", ""},
 		{[]string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
 		{[]string{"bucket", "api"}, 2, "", "want bucket POLICY KEY"},
 		{[]string{"policy", "set", "api", "-rate", "x"}, 2, "", "invalid value"},
 		{[]string{"policy", "set", "api", "-rate", "5"}, 2, "", "needs -version and -rate"},
+		{[]string{"policy", "diff", "api", "-slots", "5"}, 2, "", "flag provided but not defined: -slots"},
 		{[]string{"-url", "redis://h:1?nonsense=1", "fleet", "api"}, 2, "", "bad Redis URL"},
 		{nil, 2, "", "no command"},
 	} {
@@ -249,5 +255,93 @@ func TestUsage(t *testing.T) {
 	if code, out, errOut := cli("policy", "diff", name, "-rate", "5"); code != 1 || !strings.Contains(out, "the record (version 1) is 7/1s burst 7; yours is 5/1s burst 5") ||
 		!strings.Contains(errOut, "PolicyFromCode") {
 		t.Fatalf("policy diff, another limit: %d %s%s", code, out, errOut)
+	}
+}
+
+// TestHelpOnce: -h prints the usage once, on stdout, and nothing on
+// stderr; a bad global flag prints one error line and the usage once, on
+// stderr.
+func TestHelpOnce(t *testing.T) {
+	code, out, errOut := cli("-h")
+	if code != 0 || strings.Count(out, "usage: leasehold") != 1 || errOut != "" {
+		t.Fatalf("-h: %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	code, out, errOut = cli("policy", "show", "-h")
+	if code != 0 || strings.Count(out, "usage: leasehold") != 1 || errOut != "" || !strings.Contains(out, "may also follow the command") {
+		t.Fatalf("policy show -h: %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	code, out, errOut = cli("-nope")
+	if code != 2 || out != "" || strings.Count(errOut, "usage: leasehold") != 1 || !strings.HasPrefix(errOut, "leasehold: flag provided but not defined: -nope\n") {
+		t.Fatalf("-nope: %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+}
+
+// TestInFlightCommands: the CLI reads and sets the policy record of an
+// in-flight limit a real inflight.Limiter published, shows which process
+// holds a key's slots, and takes the global flags after the command.
+func TestInFlightCommands(t *testing.T) {
+	c := redistest.Standalone(t).Client(t)
+	addr := strings.Join(addrsOf(c), ",")
+	ctx := context.Background()
+	name := "tenant-in-flight"
+	prefix := "cli-inflight" + time.Now().Format("150405.000000") + ":"
+	sem, err := inflight.New(remote.NewRedis(c), name, 50, inflight.WithPrefix(prefix), inflight.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close(ctx)
+	if err := sem.Acquire(ctx, "tenant-1", 3); err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Release("tenant-1", 3)
+	// The command first, the global flags after it.
+	flags := []string{"-addr", addr, "-prefix", prefix}
+	show := func() string {
+		t.Helper()
+		code, out, errOut := cli(append([]string{"policy", "show", name}, flags...)...)
+		if code != 0 {
+			t.Fatalf("policy show: %d %s%s", code, out, errOut)
+		}
+		return out
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(show(), "slots   50 in flight per key") {
+		if time.Now().After(deadline) {
+			t.Fatalf("policy show never found the in-flight record:\n%s", show())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the limiter's first publication with a deadline
+	}
+	if out := show(); !strings.Contains(out, "(in-flight limit)") || !strings.Contains(out, "version 1") || strings.Contains(out, "(rate limit)") {
+		t.Fatalf("policy show:\n%s", out)
+	}
+	code, out, errOut := cli(append([]string{"slots", name, "tenant-1"}, flags...)...)
+	if code != 0 || !strings.Contains(out, "limit      50 in flight (policy version 1)") || !strings.Contains(out, "by 1 processes") ||
+		!strings.Contains(out, "term ends in") {
+		t.Fatalf("slots: %d %s%s", code, out, errOut)
+	}
+	if code, out, _ := cli(append([]string{"slots", name, "nobody"}, flags...)...); code != 0 || !strings.Contains(out, "no slots held") {
+		t.Fatalf("slots of an unused key: %d %s", code, out)
+	}
+	if code, out, errOut := cli(append([]string{"policy", "set", name, "-version", "2", "-slots", "20"}, flags...)...); code != 0 ||
+		!strings.Contains(out, "version 2: 20 in flight per key") {
+		t.Fatalf("policy set -slots: %d %s%s", code, out, errOut)
+	}
+	if code, _, errOut := cli(append([]string{"policy", "set", name, "-version", "2", "-slots", "30"}, flags...)...); code != 1 ||
+		!strings.Contains(errOut, "version 2 is stale: version 2 (20 in flight) is in force") {
+		t.Fatalf("stale policy set -slots: %d %s", code, errOut)
+	}
+	if code, _, errOut := cli(append([]string{"policy", "set", name, "-version", "3", "-slots", "0"}, flags...)...); code != 2 {
+		t.Fatalf("policy set -slots 0 (no -slots): %d %s", code, errOut)
+	}
+	// The limiter adopts what the CLI set.
+	deadline = time.Now().Add(5 * time.Second)
+	for sem.Policy().Slots != 20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the limiter kept %+v", sem.Policy())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the limiter's policy poll with a deadline
+	}
+	if code, out, errOut := cli(append([]string{"policy", "delete", name}, flags...)...); code != 0 || !strings.Contains(out, "in-flight policy "+name+" deleted (was version 2: 20 in flight)") {
+		t.Fatalf("policy delete: %d %s%s", code, out, errOut)
 	}
 }
