@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"path/filepath"
 	"strconv"
 
@@ -33,6 +34,10 @@ func (r *recorder) writePlots(dir string) ([]string, error) {
 		p.Y.Label.Text = "requests per second (log scale)"
 	} else {
 		p.Y.Tick.Marker = wholeTicks{}
+	}
+	if lim := r.limitS; len(lim) > 0 && (r.singleKey || r.logY) {
+		// The limit is labelled on the axis, where a reader looks for it.
+		p.Y.Tick.Marker = limitTicks{Ticker: p.Y.Tick.Marker, limits: lim}
 	}
 	// Fault windows first, so the data is drawn over them.
 	steps := []func(*plot.Plot, float64) error{r.plotFaults, r.plotStacked, r.plotOffered, r.plotLimit}
@@ -69,6 +74,35 @@ func (wholeTicks) Ticks(min, max float64) []plot.Tick {
 		}
 	}
 	return ts
+}
+
+// limitTicks adds a labelled tick at each limit in force (once each) to
+// the axis's own ticks, dropping a labelled tick too close to it to read.
+type limitTicks struct {
+	plot.Ticker
+	limits []float64
+}
+
+func (t limitTicks) Ticks(min, max float64) []plot.Tick {
+	var out []plot.Tick
+	seen := map[float64]bool{}
+	for _, l := range t.limits {
+		if !seen[l] && l >= min && l <= max {
+			seen[l] = true
+			out = append(out, plot.Tick{Value: l, Label: "limit " + strconv.FormatFloat(l, 'f', -1, 64)})
+		}
+	}
+	for _, tk := range t.Ticker.Ticks(min, max) {
+		near := false
+		for l := range seen {
+			near = near || tk.Label != "" && math.Abs(tk.Value-l) < (max-min)/25
+		}
+		if near {
+			tk.Label = ""
+		}
+		out = append(out, tk)
+	}
+	return out
 }
 
 // yFloor is the lowest value drawn: 0, or 1 on a log axis.

@@ -43,6 +43,10 @@ type recorder struct {
 	offeredS  []int64   // [second] offered, all processes
 	limitS    []float64 // [second] the limit per second in force (single-key scenarios)
 	faults    [][2]time.Duration
+	// starve counts, per 100 ms, admissions and what was servable then
+	// (each key's offer capped at its rate), for the verdict's note on
+	// stretches the fleet admitted less than half of it.
+	starve starveBins
 
 	faultEnd     time.Duration
 	recoveredAt  time.Duration // -1 until every process is Healthy after the fault
@@ -153,6 +157,10 @@ func newRecorder(sc *Scenario, w *world) *recorder {
 	if sc.Policy.shaped() && r.singleKey {
 		r.spans = []auditSpan{{from: 0, to: sec(sc.DurationS), limits: limits}}
 	}
+	r.starve.setLimits(limits, sc.Policy.window())
+	for _, t := range sc.Traffic {
+		r.starve.off = r.starve.off || t.Cost != nil
+	}
 	return r
 }
 
@@ -170,6 +178,7 @@ func sustained(limits []hybrid.Limit) float64 {
 // and the new tier's from one lease TTL after it.
 func (r *recorder) tierChanged(at time.Duration, tier string) {
 	limits := r.sc.Policy.limitsOf(tier)
+	r.starve.setLimits(limits, r.sc.Policy.window())
 	for s := int(at / time.Second); s < len(r.limitS); s++ {
 		r.limitS[s] = sustained(limits)
 	}
@@ -263,6 +272,7 @@ func (r *recorder) endStep(now time.Duration) {
 
 func (r *recorder) policyChanged(at time.Duration, l hybrid.Limit) {
 	r.policyChange = at
+	r.starve.setLimits([]hybrid.Limit{l}, r.sc.Policy.window())
 	for s := int(at / time.Second); s < len(r.limitS); s++ {
 		r.limitS[s] = perSecond(l)
 	}
@@ -317,6 +327,7 @@ func (r *recorder) decision(now time.Duration, proc int, key string, n int64, d 
 	p.offered += n
 	p.perKeyOffered[key] += n
 	r.offeredS[s] += n
+	r.starve.offer(now, key, n)
 	if err != nil {
 		p.errors++
 		return
@@ -350,6 +361,7 @@ func (r *recorder) decision(now time.Duration, proc int, key string, n int64, d 
 	}
 	p.admitted += n
 	p.perKeyAdmitted[key] += n
+	r.starve.admit(now, n)
 	if r.full != nil {
 		r.full.admit(key, p.limit, n, now)
 	}
@@ -408,6 +420,11 @@ func pct(a, b int64) float64 {
 
 // table writes one row per phase.
 func (r *recorder) table(out io.Writer) {
+	keys := "keys"
+	if r.keysWithDemand() == 1 {
+		keys = "key"
+	}
+	fmt.Fprintf(out, "limit: %s per key; %d %s with demand\n", r.limitText(), r.keysWithDemand(), keys)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "phase\tvirtual s\toffered\tadmitted\tservable\tover-admission %\tutilization %\tstore calls/1000\twait p50\twait p99\t")
 	for _, p := range r.phases {
@@ -436,6 +453,31 @@ func (r *recorder) table(out io.Writer) {
 	if r.full != nil {
 		fmt.Fprintln(out, fullFloorLegend)
 	}
+}
+
+// limitText is the scenario's limits at the start, as the policy states
+// them ("10/1s burst 10 and 1000/1h0m0s burst 1000, sliding window").
+func (r *recorder) limitText() string {
+	var parts []string
+	for _, l := range r.sc.Policy.limitsOf(r.sc.Policy.Tier) {
+		parts = append(parts, l.String())
+	}
+	s := strings.Join(parts, " and ")
+	if r.sc.Policy.window() {
+		s += ", sliding window"
+	}
+	return s
+}
+
+// keysWithDemand counts the keys offered any request.
+func (r *recorder) keysWithDemand() int {
+	keys := map[string]bool{}
+	for _, p := range r.phases {
+		for k := range p.perKeyOffered {
+			keys[k] = true
+		}
+	}
+	return len(keys)
 }
 
 // leaseCallsOverFloor is the run's lease calls above its full-bucket
@@ -523,6 +565,23 @@ func (r *recorder) summary() string {
 	extra := ""
 	if r.faultEnd > 0 && r.recoveredAt >= 0 {
 		extra = fmt.Sprintf(" (healthy %.2f s after the fault)", (r.recoveredAt - r.faultEnd).Seconds())
+	}
+	var over []string
+	for _, p := range r.phases {
+		bound, _, o := p.bound()
+		if o > 0 {
+			over = append(over, fmt.Sprintf("%s %.2f%% over Burst + Rate·w", p.name, pct(o, bound)))
+		}
+	}
+	if len(over) > 0 {
+		see := r.sc.OverByDesign
+		if see == "" {
+			see = "the scenario's description"
+		}
+		extra += "; over by design: " + strings.Join(over, ", ") + ": see " + see
+	}
+	if low := r.starve.starved(); len(low) > 0 {
+		extra += "; under half of an exact limiter: " + strings.Join(low, ", ")
 	}
 	if len(miss) == 0 {
 		return fmt.Sprintf("PASS %s%s", r.sc.Name, extra)

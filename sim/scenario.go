@@ -26,6 +26,10 @@ type Scenario struct {
 	Name string `json:"name"`
 	// Description says what the scenario shows, in one or two sentences.
 	Description string `json:"description"`
+	// OverByDesign names the page that explains why the scenario admits
+	// over the exact bound in some phase and still passes (a partition
+	// without capacity leases); the verdict prints it beside the figure.
+	OverByDesign string `json:"over_by_design"`
 	// DurationS is the virtual length of the run.
 	DurationS float64 `json:"duration_s"`
 	// StepMS is the granularity of request generation (default 1 ms);

@@ -9,6 +9,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/hybrid"
 )
 
 // shorten scales a scenario down for tests: at most maxS virtual seconds
@@ -293,4 +296,84 @@ func fmtBool(b *bool) string {
 		return "unset"
 	}
 	return strconv.FormatBool(*b)
+}
+
+// TestVerdictSaysWhatHappened: a scenario that passes over the bound says
+// "over by design" and where it is explained, and a payback that admits
+// next to nothing is named with its length; a scenario with neither says
+// neither.
+func TestVerdictSaysWhatHappened(t *testing.T) {
+	suite, err := defaultSuite()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*Scenario{}
+	for _, s := range suite {
+		byName[s.Name] = s
+	}
+	for _, tc := range []struct {
+		name       string
+		has, hasnt []string
+	}{
+		{"partition-third", []string{"PASS partition-third", "over by design: outage", "see README.md", "under half of an exact limiter:", " s at "}, nil},
+		{"partition-third-grants", []string{"PASS partition-third-grants"}, []string{"over by design", "under half"}},
+		{"outage-10s", []string{"PASS outage-10s"}, []string{"over by design", "under half"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, err := run(byName[tc.name], byName[tc.name].Seed, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := rec.summary()
+			for _, want := range tc.has {
+				if !strings.Contains(v, want) {
+					t.Errorf("verdict %q lacks %q", v, want)
+				}
+			}
+			for _, not := range tc.hasnt {
+				if strings.Contains(v, not) {
+					t.Errorf("verdict %q says %q", v, not)
+				}
+			}
+			var buf bytes.Buffer
+			rec.table(&buf)
+			if !strings.HasPrefix(buf.String(), "limit: ") {
+				t.Errorf("the table does not start with the limit:\n%s", buf.String())
+			}
+		})
+	}
+}
+
+// TestStarvedStretches: the exact limiter the verdict compares with is fed
+// every offer; a fleet that admits nothing for 2 s of steady demand is
+// named, one that admits what the limiter would is not, and a sliding
+// window spent at its start is not starved for the rest of it.
+func TestStarvedStretches(t *testing.T) {
+	perSec := hybrid.Limit{Rate: 100, Period: time.Second, Burst: 10}
+	feed := func(b *starveBins, admitWhile func(time.Duration) bool) {
+		for now := time.Duration(0); now < 5*time.Second; now += 5 * time.Millisecond {
+			b.offer(now, "k", 1)
+			if admitWhile(now) {
+				b.admit(now, 1)
+			}
+		}
+	}
+	var paid starveBins
+	paid.setLimits([]hybrid.Limit{perSec}, false)
+	feed(&paid, func(now time.Duration) bool { return now < 2*time.Second || now >= 4*time.Second })
+	if got := paid.starved(); len(got) != 1 || !strings.Contains(got[0], "0 admitted") || !strings.Contains(got[0], "for 2.0 s at 2.0–4.0 s") {
+		t.Errorf("2 s of nothing: %v", got)
+	}
+	var fine starveBins
+	fine.setLimits([]hybrid.Limit{perSec}, false)
+	feed(&fine, func(now time.Duration) bool { return now%(10*time.Millisecond) == 0 }) // 100/s, the rate
+	if got := fine.starved(); len(got) != 0 {
+		t.Errorf("admitting the rate: %v", got)
+	}
+	var window starveBins
+	window.setLimits([]hybrid.Limit{{Rate: 50, Period: 10 * time.Second, Burst: 50}}, true)
+	feed(&window, func(now time.Duration) bool { return now < 250*time.Millisecond }) // the window's 50, at once
+	if got := window.starved(); len(got) != 0 {
+		t.Errorf("a window spent at its start: %v", got)
+	}
 }
