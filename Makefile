@@ -8,9 +8,9 @@ export LEASEHOLD_REQUIRE_REDIS ?= 1
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # Nested modules (go.work ties them to the root): their dependencies stay
 # out of leasehold's go.mod.
-MODULES = benchmarks internal/doccheck internal/faulttest sim contrib/prommetrics contrib/otelmetrics contrib/grpclimit
+MODULES = benchmarks internal/doccheck internal/faulttest sim contrib/prommetrics contrib/otelmetrics contrib/grpclimit contrib/envoyrls
 # Modules whose tests make test runs besides the root's.
-TESTED = internal/doccheck internal/faulttest sim contrib/prommetrics contrib/otelmetrics contrib/grpclimit benchmarks
+TESTED = internal/doccheck internal/faulttest sim contrib/prommetrics contrib/otelmetrics contrib/grpclimit contrib/envoyrls benchmarks
 
 .PHONY: test redis lint bench bench-cold bench-cluster sim fuzz soak
 
