@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -488,5 +491,120 @@ func TestServerShadowMode(t *testing.T) {
 	}
 	if srv.Stats().ShadowOverLimit.Load() != 3 {
 		t.Fatalf("shadow over limit: %d, want 3", srv.Stats().ShadowOverLimit.Load())
+	}
+}
+
+// TestRedisKilledUnderLoad: Redis killed while requests flow: no call
+// fails, the limiters go degraded and decide by the replica's share (the
+// whole limit for a fleet of one), and once Redis is back they are
+// healthy again.
+func TestRedisKilledUnderLoad(t *testing.T) {
+	rs := redistest.NewServer(t)
+	c := rs.Client(t)
+	cfg, err := Parse(map[string][]byte{"api.yaml": []byte("domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100}")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(remote.NewRedis(c), cfg, WithLimiterOptions(hybrid.WithLogger(slog.New(slog.DiscardHandler)),
+		hybrid.WithFleetSize(1), hybrid.WithStoreTimeout(200*time.Millisecond)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := serve(t, srv)
+	var lim *hybrid.Limiter
+	for _, l := range srv.Limiters() {
+		lim = l
+	}
+	// 200/s of demand, 2× the limit, in phases: healthy, Redis killed,
+	// Redis back.
+	phase := func(d time.Duration) (admitted int) {
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			<-tick.C
+			resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimit.RateLimitDescriptor{desc("tenant", "acme")}})
+			if err != nil {
+				t.Fatalf("a call failed: %v", err)
+			}
+			if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+				admitted++
+			}
+		}
+		return admitted
+	}
+	healthy := phase(time.Second)
+	if err := rs.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	down := phase(2 * time.Second)
+	if lim.Mode() != hybrid.ModeDegraded {
+		t.Fatalf("mode %v with Redis killed", lim.Mode())
+	}
+	if err := rs.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for lim.Mode() != hybrid.ModeHealthy {
+		if time.Now().After(deadline) {
+			t.Fatalf("still %v 10 s after Redis came back", lim.Mode())
+		}
+		phase(50 * time.Millisecond)
+	}
+	t.Logf("admitted: healthy 1 s %d, Redis killed 2 s %d (share: 100/s), healthy again", healthy, down)
+	// The share is the whole limit here: about 200 in 2 s, never the 2×
+	// demand (400) that failing open would admit.
+	if down < 50 || down > 2*100+100+20 {
+		t.Fatalf("Redis killed: %d admitted in 2 s at a share of 100/s (burst 100)", down)
+	}
+}
+
+// TestHTTP: /healthcheck, the reference's /json and Prometheus /metrics.
+func TestHTTP(t *testing.T) {
+	_, srv, _ := newServer(t, refConfig)
+	h := httptest.NewServer(srv.HTTPHandler())
+	defer h.Close()
+	get := func(path string) (int, string) {
+		resp, err := http.Get(h.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/healthcheck"); code != 200 || body != "OK" {
+		t.Fatalf("/healthcheck: %d %q", code, body)
+	}
+	post := func(body string) (int, string) {
+		resp, err := http.Post(h.URL+"/json", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	req := `{"domain":"mongo_cps","descriptors":[{"entries":[{"key":"remote_address","value":"1.2.3.4"}]}]}`
+	for i := range 2 {
+		if code, body := post(req); code != 200 || !strings.Contains(body, `"overallCode":"OK"`) {
+			t.Fatalf("/json %d: %d %s", i, code, body)
+		}
+	}
+	if code, body := post(req); code != 429 || !strings.Contains(body, `"overallCode":"OVER_LIMIT"`) {
+		t.Fatalf("/json over the limit: %d %s", code, body)
+	}
+	if code, body := post(`{"domain":""}`); code != 400 || !strings.Contains(body, "empty domain") {
+		t.Fatalf("/json invalid: %d %s", code, body)
+	}
+	code, body := get("/metrics")
+	for _, want := range []string{`leasehold_rls_requests_total{outcome="over_limit"} 1`, `leasehold_rls_requests_total{outcome="invalid_argument"} 1`,
+		`leasehold_decisions_total{outcome="admitted",policy="rls:mongo_cps:remote_address:2/second"`} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Fatalf("/metrics lacks %q:\n%s", want, body)
+		}
+	}
+	srv.Close()
+	if code, _ := get("/healthcheck"); code != 503 {
+		t.Fatalf("/healthcheck after Close: %d", code)
 	}
 }

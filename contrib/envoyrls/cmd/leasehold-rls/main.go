@@ -12,7 +12,8 @@
 // PATH is a YAML file or a directory of them (one domain each). URL is a
 // go-redis URL (rediss:// for TLS, user:password@, ?master_name= for
 // Sentinel, ?cluster=true for Cluster), else $LEASEHOLD_REDIS_URL, else
-// localhost:6379. -http serves /healthcheck. The gRPC health service is
+// localhost:6379. -http serves /healthcheck, /json (a RateLimitRequest as
+// JSON, as the reference's) and Prometheus /metrics. The gRPC health service is
 // served beside the rate limit service. The config is read again every
 // -reload; a bad one keeps the old config and is logged. SIGTERM or
 // SIGINT drains calls in flight and closes the limiters, which gives their
@@ -70,7 +71,7 @@ func parse(args []string, stdout io.Writer) (options, error) {
 	fl.StringVar(&o.config, "config", "", "YAML config file, or a directory of them (required)")
 	fl.StringVar(&o.redis, "redis", os.Getenv(redisurl.EnvVar), "Redis URL (default $"+redisurl.EnvVar+", else redis://localhost:6379)")
 	fl.StringVar(&o.grpc, "grpc", ":8081", "gRPC listen address")
-	fl.StringVar(&o.http, "http", ":8080", "HTTP listen address (/healthcheck); empty for none")
+	fl.StringVar(&o.http, "http", ":8080", "HTTP listen address (/healthcheck, /json, /metrics); empty for none")
 	fl.StringVar(&o.cert, "tls-cert", "", "TLS certificate for the gRPC listener (with -tls-key)")
 	fl.StringVar(&o.key, "tls-key", "", "TLS key for the gRPC listener")
 	fl.StringVar(&o.clientCA, "tls-client-ca", "", "CA that client certificates must chain to (mutual TLS)")
@@ -164,14 +165,12 @@ func serve(ctx context.Context, o options, log *slog.Logger, ready chan<- string
 	go func() { errc <- gs.Serve(ln) }()
 	var hsrv *http.Server
 	if o.http != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "OK") })
 		hl, err := net.Listen("tcp", o.http)
 		if err != nil {
 			gs.Stop()
 			return err
 		}
-		hsrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		hsrv = &http.Server{Handler: srv.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := hsrv.Serve(hl); !errors.Is(err, http.ErrServerClosed) {
 				errc <- err
