@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -344,7 +345,7 @@ func (c *Config) Match(domain string, entries []Entry) (*Rule, string) {
 	if n == nil {
 		return nil, ""
 	}
-	var key strings.Builder
+	var key []byte
 	for i, e := range entries {
 		next := n.exact[e.Key+"_"+e.Value]
 		if next == nil {
@@ -362,16 +363,19 @@ func (c *Config) Match(domain string, entries []Entry) (*Rule, string) {
 			return nil, ""
 		}
 		if i > 0 {
-			key.WriteByte('|')
+			key = append(key, '|')
 		}
 		// Lengths first: no two descriptors write the same key.
-		fmt.Fprintf(&key, "%d:%s=%d:%s", len(e.Key), e.Key, len(e.Value), e.Value)
+		key = strconv.AppendInt(key, int64(len(e.Key)), 10)
+		key = append(append(append(key, ':'), e.Key...), '=')
+		key = strconv.AppendInt(key, int64(len(e.Value)), 10)
+		key = append(append(key, ':'), e.Value...)
 		n = next
 	}
 	if n.rule == nil {
 		return nil, ""
 	}
-	return n.rule, key.String()
+	return n.rule, string(key)
 }
 
 // rules lists every rule of the config.

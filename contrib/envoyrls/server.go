@@ -262,7 +262,7 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 		hits = 1
 	}
 	ms := make([]match, len(req.GetDescriptors()))
-	replaced := map[string]bool{}
+	var replaced map[string]bool
 	for i, d := range req.GetDescriptors() {
 		entries := make([]Entry, len(d.GetEntries()))
 		for j, e := range d.GetEntries() {
@@ -274,7 +274,10 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 		if h := d.GetHitsAddend(); h != nil {
 			m.hits = int64(min(h.GetValue(), 1<<62))
 		}
-		if m.rule != nil {
+		if m.rule != nil && len(m.rule.Replaces) > 0 {
+			if replaced == nil {
+				replaced = map[string]bool{}
+			}
 			for _, name := range m.rule.Replaces {
 				replaced[name] = true
 			}
@@ -300,7 +303,7 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 		}
 		m.lim = st.limiters[m.rule.Policy.Name]
 		m.shadow = s.shadow || m.rule.Shadow
-		d, err := s.charge(ctx, m)
+		d, err := s.charge(ctx, m, len(ms) == 1)
 		if err != nil {
 			return nil, err
 		}
@@ -334,28 +337,46 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 
 // charge decides m's hits; 0 hits only checks (a hit taken and given
 // back). A hit count over the rule's burst can never pass: OVER_LIMIT.
-func (s *Server) charge(ctx context.Context, m *match) (hybrid.Decision, error) {
+// alone says m is the request's only descriptor: nothing could make it
+// give its hits back.
+func (s *Server) charge(ctx context.Context, m *match, alone bool) (hybrid.Decision, error) {
 	n := m.hits
 	check := n == 0
 	if check {
 		n = 1
 	}
+	if alone && !check {
+		d, err := m.lim.AllowN(ctx, m.key, n)
+		if err != nil {
+			return s.misuse(m, err)
+		}
+		return d, nil
+	}
 	c, err := m.lim.ChargeN(ctx, m.key, n)
+	if err != nil {
+		return s.misuse(m, err)
+	}
+	switch {
+	case check:
+		_ = c.Settle(0)
+	default:
+		m.charge = c
+	}
+	return c.Decision, nil
+}
+
+// misuse turns a decision's error into its answer: a hit count over the
+// rule's burst can never pass (OVER_LIMIT); a closed limiter is retried on
+// the config in force.
+func (*Server) misuse(m *match, err error) (hybrid.Decision, error) {
 	switch {
 	case errors.Is(err, hybrid.ErrExceedsBurst):
 		p := m.lim.Policy()
 		return hybrid.Decision{Limit: p.Limit, RetryAfter: p.Limit.Period}, nil
 	case errors.Is(err, hybrid.ErrClosed):
 		return hybrid.Decision{}, err
-	case err != nil:
-		return hybrid.Decision{}, status.Error(codes.InvalidArgument, err.Error())
 	}
-	if check {
-		_ = c.Settle(0)
-	} else {
-		m.charge = c
-	}
-	return c.Decision, nil
+	return hybrid.Decision{}, status.Error(codes.InvalidArgument, err.Error())
 }
 
 func unitOf(u string) rlsv3.RateLimitResponse_RateLimit_Unit {

@@ -31,6 +31,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(benchServerEnv) != "" {
+		os.Exit(benchServer())
+	}
 	redistest.Main(m)
 }
 
@@ -124,7 +127,7 @@ func newServer(t *testing.T, yaml string, opts ...Option) (rlsv3.RateLimitServic
 type redisClient = interface{ Close() error }
 
 // serve runs srv over real gRPC on loopback and returns a client of it.
-func serve(t *testing.T, srv *Server) rlsv3.RateLimitServiceClient {
+func serve(t testing.TB, srv *Server) rlsv3.RateLimitServiceClient {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -606,5 +609,44 @@ func TestHTTP(t *testing.T) {
 	srv.Close()
 	if code, _ := get("/healthcheck"); code != 503 {
 		t.Fatalf("/healthcheck after Close: %d", code)
+	}
+}
+
+// TestExampleConfig: the config docs/envoy.md starts the service with
+// loads, and its rules decide as its comments say.
+func TestExampleConfig(t *testing.T) {
+	data, err := os.ReadFile("example/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, _, _ := newServer(t, string(data))
+	ask := func(d *ratelimit.RateLimitDescriptor) string {
+		resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimit.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetOverallCode().String()
+	}
+	for i := range 100 {
+		if got := ask(desc("path", "/export/csv")); (i < 100) != (got == "OK") {
+			t.Fatalf("export %d: %s", i, got)
+		}
+	}
+	if got := ask(desc("path", "/export/csv")); got != "OVER_LIMIT" {
+		t.Fatalf("the 101st export in an hour: %s", got)
+	}
+	for range 50 {
+		if got := ask(desc("path", "/healthz")); got != "OK" {
+			t.Fatalf("healthz: %s", got)
+		}
+	}
+	admitted := 0
+	for range 60 {
+		if ask(desc("remote_address", "10.1.1.1")) == "OK" {
+			admitted++
+		}
+	}
+	if admitted < 40 || admitted > 45 {
+		t.Fatalf("a client IP admitted %d of 60 at once, want its burst of 40 (and what refilled meanwhile)", admitted)
 	}
 }

@@ -77,6 +77,8 @@ var (
 		"prometheus":  "github.com/prometheus/client_golang/prometheus",
 		"otel":        "go.opentelemetry.io/otel",
 		"grpc":        "google.golang.org/grpc",
+		"envoyrls":    "github.com/leasehold/leasehold/contrib/envoyrls",
+		"rlsv3":       "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3",
 	}
 	// given are a fragment's free variables. A fragment runs in a block
 	// of its own inside a function with these parameters, so what it

@@ -4,12 +4,15 @@ go 1.26.0
 
 replace (
 	github.com/leasehold/leasehold => ../../
+	github.com/leasehold/leasehold/contrib/envoyrls => ../../contrib/envoyrls
 	github.com/leasehold/leasehold/contrib/grpclimit => ../../contrib/grpclimit
 	github.com/leasehold/leasehold/contrib/otelmetrics => ../../contrib/otelmetrics
 	github.com/leasehold/leasehold/contrib/prommetrics => ../../contrib/prommetrics
 )
 
 require (
+	github.com/envoyproxy/go-control-plane/envoy v1.40.0
+	github.com/leasehold/leasehold/contrib/envoyrls v0.0.0-00010101000000-000000000000
 	github.com/leasehold/leasehold/contrib/grpclimit v0.0.0-00010101000000-000000000000
 	github.com/leasehold/leasehold/contrib/otelmetrics v0.0.0-00010101000000-000000000000
 	github.com/leasehold/leasehold/contrib/prommetrics v0.0.0-00010101000000-000000000000
@@ -22,10 +25,13 @@ require (
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2 // indirect
+	github.com/envoyproxy/protoc-gen-validate v1.3.3 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/leasehold/leasehold v0.0.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
@@ -35,6 +41,7 @@ require (
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
