@@ -19,6 +19,7 @@ import (
 
 	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -34,7 +35,12 @@ func TestMain(m *testing.M) {
 	if os.Getenv(benchServerEnv) != "" {
 		os.Exit(benchServer())
 	}
-	redistest.Main(m)
+	// No goroutine of a server, its limiters or the gRPC plumbing outlives
+	// the tests (go-redis's redial of a killed server exits at its next
+	// wake-up, as in hybrid's tests).
+	redistest.MainWith(m, func() error {
+		return goleak.Find(goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+	})
 }
 
 // The reference's own example configs, and leasehold's extensions.
