@@ -12,7 +12,7 @@ MODULES = benchmarks internal/doccheck internal/faulttest sim contrib/prommetric
 # Modules whose tests make test runs besides the root's.
 TESTED = internal/doccheck internal/faulttest sim contrib/prommetrics contrib/otelmetrics contrib/grpclimit contrib/envoyrls benchmarks
 
-.PHONY: test redis lint bench bench-cold bench-cluster bench-envoy sim fuzz soak
+.PHONY: test redis lint bench bench-cold bench-cluster bench-envoy figures sim fuzz soak
 
 # Every module's tests run even when one fails; the summary names what
 # failed and the target fails if anything did.
@@ -101,3 +101,14 @@ fuzz:
 # for 15 s).
 soak: redis
 	LEASEHOLD_SOAK_DURATION=10m $(GO) test -race -count=1 -timeout 15m -run '^TestSoak$$' -v ./hybrid/
+
+# The regression figures of a change to the core, in one run (about 3
+# minutes): the hot path and a flood beside x/time/rate, utilization of 4
+# OS processes at 0.9–2× demand with the every-window audit, store calls
+# under and at the limit, a partition of 2 of 6 limiters. Run it before
+# and after the change and put both tables in the note; the last run's
+# table is in benchmarks/results/figures.txt.
+figures: redis
+	mkdir -p benchmarks/results
+	{ $(BENCH_HEADER); cd benchmarks && LEASEHOLD_FIGURES=1 $(GO) test -v -count=1 -timeout 15m -run '^TestRegressionFigures$$' . | grep -v '^    figures_test'; } | tee benchmarks/results/figures.txt.tmp
+	mv benchmarks/results/figures.txt.tmp benchmarks/results/figures.txt

@@ -119,7 +119,11 @@ func helperMain() bool {
 	if impl == "" {
 		return false
 	}
-	if err := runHelper(impl); err != nil {
+	run := func() error { return runHelper(impl) }
+	if impl == "util" {
+		run = runUtilHelper
+	}
+	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
