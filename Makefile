@@ -108,7 +108,10 @@ soak: redis
 # under and at the limit, a partition of 2 of 6 limiters. Run it before
 # and after the change and put both tables in the note; the last run's
 # table is in benchmarks/results/figures.txt.
+# LEASEHOLD_FIGURES_VARIANT=capacity runs every limiter with capacity
+# leases, to benchmarks/results/figures-capacity.txt.
+FIGURES_OUT = benchmarks/results/figures$(if $(LEASEHOLD_FIGURES_VARIANT),-$(LEASEHOLD_FIGURES_VARIANT)).txt
 figures: redis
 	mkdir -p benchmarks/results
-	{ $(BENCH_HEADER); cd benchmarks && LEASEHOLD_FIGURES=1 $(GO) test -v -count=1 -timeout 15m -run '^TestRegressionFigures$$' . | grep -v '^    figures_test'; } | tee benchmarks/results/figures.txt.tmp
-	mv benchmarks/results/figures.txt.tmp benchmarks/results/figures.txt
+	{ $(BENCH_HEADER); cd benchmarks && LEASEHOLD_FIGURES=1 $(GO) test -v -count=1 -timeout 15m -run '^TestRegressionFigures$$' . | grep -v '^    figures_test'; } | tee $(FIGURES_OUT).tmp
+	mv $(FIGURES_OUT).tmp $(FIGURES_OUT)

@@ -31,6 +31,21 @@ import (
 // (the hot path, utilization across processes, store calls under and at
 // the limit, a partition, and the every-window audit).
 
+// variantOptions are the options of the variant LEASEHOLD_FIGURES_VARIANT
+// names, given to every limiter of the figures (the helper processes
+// inherit the variable): "" for the defaults, "capacity" for capacity
+// leases of a 15 s term, to weigh the two mechanisms in one table.
+func variantOptions() []hybrid.Option {
+	switch v := os.Getenv("LEASEHOLD_FIGURES_VARIANT"); v {
+	case "":
+		return nil
+	case "capacity":
+		return []hybrid.Option{hybrid.WithCapacityLeases(15 * time.Second)}
+	default:
+		panic(fmt.Sprintf("LEASEHOLD_FIGURES_VARIANT=%q: want capacity or nothing", v))
+	}
+}
+
 // figure is one row of the table.
 type figure struct {
 	name, value, target string
@@ -53,7 +68,7 @@ func TestRegressionFigures(t *testing.T) {
 	}
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "figure\tmeasured\ttarget (issue 53)")
+	fmt.Fprintf(tw, "figure (variant %q)\tmeasured\ttarget (issue 53)\n", os.Getenv("LEASEHOLD_FIGURES_VARIANT"))
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", r.name, r.value, r.target)
 	}
@@ -65,7 +80,8 @@ func TestRegressionFigures(t *testing.T) {
 func quietLimiter(t testing.TB, srv *redistest.Server, p hybrid.Policy, opts ...hybrid.Option) (*hybrid.Limiter, *redis.Client) {
 	t.Helper()
 	c := srv.Client(t)
-	lim, err := hybrid.New(remote.NewRedis(c), p, append([]hybrid.Option{hybrid.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
+	opts = append(append([]hybrid.Option{hybrid.WithLogger(slog.New(slog.DiscardHandler))}, variantOptions()...), opts...)
+	lim, err := hybrid.New(remote.NewRedis(c), p, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +221,7 @@ func runUtilHelper() error {
 	c := redis.NewClient(&redis.Options{Addr: os.Getenv("BENCH_ADDR"), ContextTimeoutEnabled: true})
 	defer c.Close()
 	lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: "util", Limit: hybrid.Limit{Rate: utilRate, Period: time.Second, Burst: utilBurst}},
-		hybrid.WithPrefix(os.Getenv("BENCH_PREFIX")), hybrid.WithLogger(slog.New(slog.DiscardHandler)))
+		append(variantOptions(), hybrid.WithPrefix(os.Getenv("BENCH_PREFIX")), hybrid.WithLogger(slog.New(slog.DiscardHandler)))...)
 	if err != nil {
 		return err
 	}
@@ -397,7 +413,7 @@ func partitionFigures(t *testing.T, srv *redistest.Server) []figure {
 	var lims []*hybrid.Limiter
 	for range 6 {
 		cs := &cutStore{RedisStore: remote.NewRedis(srv.Client(t))}
-		lim, err := hybrid.New(cs, p, hybrid.WithLogger(slog.New(slog.DiscardHandler)), hybrid.WithHeartbeat(200*time.Millisecond, time.Second))
+		lim, err := hybrid.New(cs, p, append(variantOptions(), hybrid.WithLogger(slog.New(slog.DiscardHandler)), hybrid.WithHeartbeat(200*time.Millisecond, time.Second))...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -149,6 +149,7 @@ func runHelper(impl string) error {
 		if impl == "hybrid-grants" {
 			opts = append(opts, hybrid.WithCapacityLeases(15*time.Second))
 		}
+		opts = append(opts, variantOptions()...) // make figures's variant
 		lim, err := hybrid.New(remote.NewRedis(c),
 			hybrid.Policy{Name: "at-limit", Limit: hybrid.Limit{Rate: atLimitRate, Period: time.Second, Burst: atLimitBurst}},
 			opts...)
