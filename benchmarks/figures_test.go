@@ -51,11 +51,11 @@ type figure struct {
 	name, value, target string
 }
 
-// TestRegressionFigures prints the table. It takes about 3 minutes and
+// TestRegressionFigures prints the table. It takes about a minute and
 // runs only under LEASEHOLD_FIGURES=1 (make figures).
 func TestRegressionFigures(t *testing.T) {
 	if os.Getenv("LEASEHOLD_FIGURES") == "" {
-		t.Skip("make figures runs it (LEASEHOLD_FIGURES=1, about 3 minutes)")
+		t.Skip("make figures runs it (LEASEHOLD_FIGURES=1, about a minute)")
 	}
 	srv := redistest.Standalone(t)
 	var rows []figure
