@@ -119,9 +119,9 @@ func hotPathFigures(t *testing.T, srv *redistest.Server) []figure {
 		lim.Allow(ctx, "hot") // the first lease
 		xr := rate.NewLimiter(rate.Limit(r), int(min(r, 1<<30)))
 		h, x := serial(func() bool { return lim.Allow(ctx, "hot") }), serial(xr.Allow)
-		rows = append(rows, figure{"hot Allow, serial, "+label, fmt.Sprintf("%.1f ns (x/time/rate %.1f, %.2f×)", h, x, h/x), "≤ 25 ns"})
+		rows = append(rows, figure{"hot Allow, serial, " + label, fmt.Sprintf("%.1f ns (x/time/rate %.1f, %.2f×)", h, x, h/x), "≤ 25 ns"})
 		h, x = parallel(func() bool { return lim.Allow(ctx, "hot") }), parallel(xr.Allow)
-		rows = append(rows, figure{"hot Allow, 2 goroutines, "+label, fmt.Sprintf("%.1f ns (x/time/rate %.1f, %.2f×)", h, x, h/x), "≤ 0.3× x/time/rate"})
+		rows = append(rows, figure{"hot Allow, 2 goroutines, " + label, fmt.Sprintf("%.1f ns (x/time/rate %.1f, %.2f×)", h, x, h/x), "≤ 0.3× x/time/rate"})
 	}
 	lim, _ := quietLimiter(t, srv, hybrid.Policy{Name: "flood", Limit: hybrid.PerSecond(100000)})
 	xr := rate.NewLimiter(100000, 100000)
