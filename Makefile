@@ -9,8 +9,14 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # Nested modules (go.work ties them to the root): their dependencies stay
 # out of leasehold's go.mod.
 MODULES = benchmarks internal/doccheck internal/faulttest sim contrib/prommetrics contrib/otelmetrics contrib/grpclimit contrib/envoyrls
-# Modules whose tests make test runs besides the root's.
-TESTED = internal/doccheck internal/faulttest sim contrib/prommetrics contrib/otelmetrics contrib/grpclimit contrib/envoyrls benchmarks
+# Modules whose tests make test runs besides the root's, one after the
+# other: ALONE first, on a machine with nothing else running (its faults
+# are timed), then TESTED while the simulator's run beside them
+# (deterministic, in virtual time: load cannot move its figures); its
+# output is printed when it ends.
+ALONE = internal/faulttest
+TESTED = internal/doccheck contrib/prommetrics contrib/otelmetrics contrib/grpclimit contrib/envoyrls benchmarks
+BESIDE = sim
 
 .PHONY: test redis lint bench bench-cold bench-cluster bench-envoy figures sim fuzz soak
 
@@ -19,10 +25,20 @@ TESTED = internal/doccheck internal/faulttest sim contrib/prommetrics contrib/ot
 test: redis lint
 	@failed=""; \
 	$(GO) test -race -count=1 -timeout 12m ./... || failed="$$failed ."; \
+	for m in $(ALONE); do \
+		echo "# $$m"; \
+		(cd $$m && $(GO) test -race -count=1 -timeout 5m ./...) || failed="$$failed $$m"; \
+	done; \
+	beside=$$(mktemp); \
+	(cd $(BESIDE) && $(GO) test -race -count=1 -timeout 5m ./... > $$beside 2>&1; echo "rc=$$?" >> $$beside) & \
 	for m in $(TESTED); do \
 		echo "# $$m"; \
 		(cd $$m && $(GO) test -race -count=1 -timeout 5m ./...) || failed="$$failed $$m"; \
 	done; \
+	wait; \
+	echo "# $(BESIDE)"; cat $$beside; \
+	grep -q '^rc=0$$' $$beside || failed="$$failed $(BESIDE)"; \
+	rm -f $$beside; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED in modules:$$failed"; exit 1; fi; \
 	echo "make test: every module passed"
 
