@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/internal/testkit/helperproc"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
@@ -59,7 +61,8 @@ func TestRegressionFigures(t *testing.T) {
 	}
 	srv := redistest.Standalone(t)
 	var rows []figure
-	for _, part := range []func(*testing.T, *redistest.Server) []figure{hotPathFigures, utilizationFigures, underLimitFigures, atLimitFigures, partitionFigures} {
+	for _, part := range []func(*testing.T, *redistest.Server) []figure{hotPathFigures, utilizationFigures, underLimitFigures, atLimitFigures, partitionFigures,
+		manyHoldersFigures, keyBytesFigures, outageFigures} {
 		got := part(t, srv)
 		rows = append(rows, got...)
 		for _, r := range got {
@@ -488,4 +491,119 @@ func TestWindowExcess(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
+}
+
+// manyHoldersFigures: 64 limiters, each its own client, on one key of
+// 1 000/s burst 100 at 2× demand in all, for 4 s: what they admitted of
+// Burst + Rate·t.
+func manyHoldersFigures(t *testing.T, srv *redistest.Server) []figure {
+	ctx := context.Background()
+	p := hybrid.Policy{Name: fmt.Sprintf("many-%d", time.Now().UnixNano()), Limit: hybrid.Limit{Rate: 1000, Period: time.Second, Burst: 100}}
+	lims := make([]*hybrid.Limiter, 64)
+	for i := range lims {
+		lims[i], _ = quietLimiter(t, srv, p)
+	}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	const d = 4 * time.Second
+	for _, lim := range lims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// 2 000/s over 64 limiters: one every 32 ms each.
+			tick := time.NewTicker(32 * time.Millisecond)
+			defer tick.Stop()
+			for time.Since(start) < d {
+				<-tick.C
+				if lim.Allow(ctx, "one") {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	bound := float64(p.Limit.Burst) + float64(p.Limit.Rate)*time.Since(start).Seconds()
+	return []figure{{"64 limiters on one key, 1 000/s burst 100, 2× demand, 4 s", fmt.Sprintf("%.3f of Burst + Rate·t", float64(admitted.Load())/bound), "≥ 0.90, never over"}}
+}
+
+// keyBytesFigures: the heap a limiter keeps per key it tracks (100 000
+// keys, each decided once on a key far below its limit). The limiter's
+// clock stands still, so that no sweep forgets a key meanwhile.
+func keyBytesFigures(t *testing.T, srv *redistest.Server) []figure {
+	ctx := context.Background()
+	lim, _ := quietLimiter(t, srv, hybrid.Policy{Name: fmt.Sprintf("bytes-%d", time.Now().UnixNano()), Limit: hybrid.PerSecond(1000)},
+		hybrid.WithMaxKeys(200000), hybrid.WithClock(clock.NewManual(time.Now())))
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	const n = 100000
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	before := heap()
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < n; i += 16 {
+				lim.Allow(ctx, keys[i])
+			}
+		}()
+	}
+	wg.Wait()
+	after := heap()
+	tracked := lim.Stats().KeysTracked
+	runtime.KeepAlive(keys)
+	return []figure{{"heap per tracked key (100 000 keys, one decision each, a lease each)", fmt.Sprintf("%.0f B (%d keys tracked)", float64(after-before)/float64(max(tracked, 1)), tracked), "≤ 200 B holding nothing"}}
+}
+
+// outageFigures: 4 limiters at half the limit on 8 keys; Redis is killed:
+// how long until every limiter's Mode is Degraded.
+func outageFigures(t *testing.T, _ *redistest.Server) []figure {
+	ctx := context.Background()
+	own := redistest.NewServer(t)
+	p := hybrid.Policy{Name: "outage", Limit: hybrid.PerSecond(1000)}
+	lims := make([]*hybrid.Limiter, 4)
+	for i := range lims {
+		lims[i], _ = quietLimiter(t, own, p)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, lim := range lims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(2 * time.Millisecond) // 4 × 500/s over 8 keys: half of each key's limit
+			defer tick.Stop()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+					lim.Allow(ctx, "k"+strconv.Itoa(i%8))
+				}
+			}
+		}()
+	}
+	time.Sleep(2 * time.Second)
+	if err := own.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	var slowest time.Duration
+	for _, lim := range lims {
+		for lim.Mode() != hybrid.ModeDegraded && time.Since(killed) < 10*time.Second {
+			time.Sleep(5 * time.Millisecond) // polling the mode with a deadline
+		}
+		slowest = max(slowest, time.Since(killed))
+	}
+	close(stop)
+	wg.Wait()
+	return []figure{{"Redis killed under load (4 limiters, 8 keys at half their limit): every Mode degraded after", slowest.Round(time.Millisecond).String(), "≤ 1 s, even when every key is held"}}
 }
