@@ -118,8 +118,8 @@ fuzz:
 soak: redis
 	LEASEHOLD_SOAK_DURATION=10m $(GO) test -race -count=1 -timeout 15m -run '^TestSoak$$' -v ./hybrid/
 
-# The regression figures of a change to the core, in one run (about a
-# minute): the hot path and a flood beside x/time/rate, utilization of 4
+# The regression figures of a change to the core, in one run (about 80
+# s): the hot path and a flood beside x/time/rate, utilization of 4
 # OS processes at 0.9–2× demand with the every-window audit, store calls
 # under and at the limit, a partition of 2 of 6 limiters. Run it before
 # and after the change and put both tables in the note; the last run's

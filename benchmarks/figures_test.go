@@ -53,11 +53,11 @@ type figure struct {
 	name, value, target string
 }
 
-// TestRegressionFigures prints the table. It takes about a minute and
+// TestRegressionFigures prints the table. It takes about 80 s and
 // runs only under LEASEHOLD_FIGURES=1 (make figures).
 func TestRegressionFigures(t *testing.T) {
 	if os.Getenv("LEASEHOLD_FIGURES") == "" {
-		t.Skip("make figures runs it (LEASEHOLD_FIGURES=1, about a minute)")
+		t.Skip("make figures runs it (LEASEHOLD_FIGURES=1, about 80 s)")
 	}
 	srv := redistest.Standalone(t)
 	var rows []figure
