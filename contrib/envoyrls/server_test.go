@@ -358,6 +358,7 @@ func TestConfigErrors(t *testing.T) {
 // not change keep their limiter; a bad config is refused and the old one
 // stays.
 func TestReload(t *testing.T) {
+	t.Parallel() // its own servers or prefix
 	client, srv, _ := newServer(t, refConfig)
 	ask := func(kv ...string) string {
 		resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "mongo_cps", Descriptors: []*ratelimit.RateLimitDescriptor{desc(kv...)}})
@@ -409,6 +410,7 @@ func TestReload(t *testing.T) {
 // server and limiters, under 2× demand from 6 clients: the fleet never
 // admits more than Burst + Rate·t.
 func TestReplicasKeepTheBound(t *testing.T) {
+	t.Parallel() // its own servers or prefix
 	c := redistest.Standalone(t).Client(t)
 	const yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 200}"
 	prefix := fmt.Sprintf("rls-bound-%d:", time.Now().UnixNano())
@@ -510,6 +512,7 @@ func TestServerShadowMode(t *testing.T) {
 // whole limit for a fleet of one), and once Redis is back they are
 // healthy again.
 func TestRedisKilledUnderLoad(t *testing.T) {
+	t.Parallel() // its own servers or prefix
 	rs := redistest.NewServer(t)
 	c := rs.Client(t)
 	cfg, err := Parse(map[string][]byte{"api.yaml": []byte("domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100}")})
@@ -571,6 +574,7 @@ func TestRedisKilledUnderLoad(t *testing.T) {
 
 // TestHTTP: /healthcheck, the reference's /json and Prometheus /metrics.
 func TestHTTP(t *testing.T) {
+	t.Parallel() // its own servers or prefix
 	_, srv, _ := newServer(t, refConfig)
 	h := httptest.NewServer(srv.HTTPHandler())
 	defer h.Close()
