@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
 	"github.com/leasehold/leasehold/hybrid"
 	"go.yaml.in/yaml/v3"
 )
@@ -64,6 +66,9 @@ type Rule struct {
 	Policy hybrid.Policy
 	// named says the YAML gave the name (replaces refer to such names).
 	named bool
+	// current is the limit as every response states it: one message per
+	// rule, shared by the responses, which only read it.
+	current *rlsv3.RateLimitResponse_RateLimit
 }
 
 // units are the reference's units, in seconds per unit.
@@ -234,6 +239,7 @@ func ruleOf(domain, path string, d yamlDescriptor) (*Rule, error) {
 	if r.Name == "" {
 		r.Name = path
 	}
+	r.current = &rlsv3.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: unitOf(r.Unit)}
 	for _, rep := range d.Replaces {
 		if rep.Name == "" {
 			return nil, errors.New("replaces an entry with no name")

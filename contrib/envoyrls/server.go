@@ -296,11 +296,10 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 		case m.rule.named && replaced[m.rule.Name]:
 			continue
 		}
-		stat.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: m.rule.Name, RequestsPerUnit: m.rule.RequestsPerUnit, Unit: unitOf(m.rule.Unit)}
 		if m.rule.Unlimited {
-			stat.CurrentLimit = nil
 			continue
 		}
+		stat.CurrentLimit = m.rule.current
 		m.lim = st.limiters[m.rule.Policy.Name]
 		m.shadow = s.shadow || m.rule.Shadow
 		d, err := s.charge(ctx, m, len(ms) == 1)
