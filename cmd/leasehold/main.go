@@ -242,6 +242,11 @@ func parseCommand(args []string, global *flag.FlagSet, out io.Writer) (runner, e
 	if len(pos) != len(commands[i].args) {
 		return noop, fmt.Errorf("%w: want %s", errUsage, commands[i].usage())
 	}
+	return runnerFor(name, pos, set, tier), nil
+}
+
+// runnerFor is the command name with its positional arguments and flags.
+func runnerFor(name string, pos []string, set *policyFlags, tier *string) runner {
 	return func(ctx context.Context, s *remote.RedisStore, prefix string, out io.Writer) error {
 		switch name {
 		case "bucket":
@@ -258,7 +263,7 @@ func parseCommand(args []string, global *flag.FlagSet, out io.Writer) (runner, e
 			return diffPolicy(ctx, s, prefix, pos[0], set, out)
 		}
 		return fleet(ctx, s, prefix, pos[0], out)
-	}, nil
+	}
 }
 
 // diffPolicy compares the record of name with the limit the flags give

@@ -207,6 +207,8 @@ type match struct {
 	lim    *hybrid.Limiter
 	charge *hybrid.Charge
 	shadow bool
+	// replaced: a rule matched, and another matched rule replaces it.
+	replaced bool
 }
 
 // ShouldRateLimit decides a request: OVER_LIMIT when any descriptor is
@@ -257,6 +259,35 @@ func validate(req *rlsv3.RateLimitRequest) error {
 }
 
 func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	ms := matches(st.cfg, req)
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ms))}
+	for i := range ms {
+		stat, err := s.decideOne(ctx, st, &ms[i], len(ms) == 1)
+		if err != nil {
+			return nil, err
+		}
+		resp.Statuses[i] = stat
+		if stat.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+	}
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		s.stats.OverLimit.Add(1)
+		// A refused request charges nothing: what the others took goes
+		// back.
+		for i := range ms {
+			if c := ms[i].charge; c != nil && c.Allowed {
+				_ = c.Settle(0)
+			}
+		}
+	}
+	s.addHeaders(resp, ms)
+	return resp, nil
+}
+
+// matches finds each descriptor's rule, bucket key and hits; a rule that
+// another matched rule replaces is dropped from its match.
+func matches(cfg *Config, req *rlsv3.RateLimitRequest) []match {
 	hits := int64(req.GetHitsAddend())
 	if hits == 0 {
 		hits = 1
@@ -269,7 +300,7 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 			entries[j] = Entry{e.GetKey(), e.GetValue()}
 		}
 		m := &ms[i]
-		m.rule, m.key = st.cfg.Match(req.GetDomain(), entries)
+		m.rule, m.key = cfg.Match(req.GetDomain(), entries)
 		m.hits = hits
 		if h := d.GetHitsAddend(); h != nil {
 			m.hits = int64(min(h.GetValue(), 1<<62))
@@ -283,55 +314,47 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 			}
 		}
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ms))}
-	over := false
 	for i := range ms {
-		m := &ms[i]
-		stat := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-		resp.Statuses[i] = stat
-		switch {
-		case m.rule == nil:
+		if r := ms[i].rule; r != nil && r.named && replaced[r.Name] {
+			ms[i].rule, ms[i].replaced = nil, true
+		}
+	}
+	return ms
+}
+
+// decideOne decides one descriptor and returns its status: OK with no
+// limit for no rule (or a replaced or unlimited one), OVER_LIMIT when
+// refused outside shadow mode.
+func (s *Server) decideOne(ctx context.Context, st *state, m *match, alone bool) (*rlsv3.RateLimitResponse_DescriptorStatus, error) {
+	stat := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	switch {
+	case m.rule == nil:
+		if !m.replaced {
 			s.stats.NoRule.Add(1)
-			continue
-		case m.rule.named && replaced[m.rule.Name]:
-			continue
 		}
-		if m.rule.Unlimited {
-			continue
-		}
-		stat.CurrentLimit = m.rule.current
-		m.lim = st.limiters[m.rule.Policy.Name]
-		m.shadow = s.shadow || m.rule.Shadow
-		d, err := s.charge(ctx, m, len(ms) == 1)
-		if err != nil {
-			return nil, err
-		}
-		stat.LimitRemaining = uint32(min(max(d.Remaining, 0), 1<<32-1))
-		if d.Allowed {
-			stat.DurationUntilReset = durationpb.New(d.ResetAfter)
-			continue
-		}
-		stat.DurationUntilReset = durationpb.New(d.RetryAfter)
-		if m.shadow {
-			s.stats.ShadowOverLimit.Add(1)
-			continue
-		}
-		stat.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-		over = true
+		return stat, nil
+	case m.rule.Unlimited:
+		return stat, nil
 	}
-	if over {
-		s.stats.OverLimit.Add(1)
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		// A refused request charges nothing: what the others took goes
-		// back.
-		for i := range ms {
-			if c := ms[i].charge; c != nil && c.Allowed {
-				_ = c.Settle(0)
-			}
-		}
+	stat.CurrentLimit = m.rule.current
+	m.lim = st.limiters[m.rule.Policy.Name]
+	m.shadow = s.shadow || m.rule.Shadow
+	d, err := s.charge(ctx, m, alone)
+	if err != nil {
+		return nil, err
 	}
-	s.addHeaders(resp, ms)
-	return resp, nil
+	stat.LimitRemaining = uint32(min(max(d.Remaining, 0), 1<<32-1))
+	if d.Allowed {
+		stat.DurationUntilReset = durationpb.New(d.ResetAfter)
+		return stat, nil
+	}
+	stat.DurationUntilReset = durationpb.New(d.RetryAfter)
+	if m.shadow {
+		s.stats.ShadowOverLimit.Add(1)
+		return stat, nil
+	}
+	stat.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	return stat, nil
 }
 
 // charge decides m's hits; 0 hits only checks (a hit taken and given

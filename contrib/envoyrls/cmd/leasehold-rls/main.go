@@ -144,42 +144,13 @@ func serve(ctx context.Context, o options, log *slog.Logger, ready chan<- string
 		return err
 	}
 	defer srv.Close()
-
-	var gopts []grpc.ServerOption
-	if o.cert != "" {
-		tc, err := tlsConfig(o)
-		if err != nil {
-			return err
-		}
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
-	}
-	gs := grpc.NewServer(gopts...)
-	rlsv3.RegisterRateLimitServiceServer(gs, srv)
-	hs := health.NewServer()
-	healthpb.RegisterHealthServer(gs, hs)
-	ln, err := net.Listen("tcp", o.grpc)
+	l, err := listen(o, srv)
 	if err != nil {
 		return err
 	}
-	errc := make(chan error, 2)
-	go func() { errc <- gs.Serve(ln) }()
-	var hsrv *http.Server
-	if o.http != "" {
-		hl, err := net.Listen("tcp", o.http)
-		if err != nil {
-			gs.Stop()
-			return err
-		}
-		hsrv = &http.Server{Handler: srv.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := hsrv.Serve(hl); !errors.Is(err, http.ErrServerClosed) {
-				errc <- err
-			}
-		}()
-	}
-	log.Info("leasehold-rls: serving", slog.String("grpc", ln.Addr().String()), slog.String("http", o.http), slog.String("config", o.config))
+	log.Info("leasehold-rls: serving", slog.String("grpc", l.grpcAddr), slog.String("http", o.http), slog.String("config", o.config))
 	if ready != nil {
-		ready <- ln.Addr().String()
+		ready <- l.grpcAddr
 	}
 	var tick <-chan time.Time
 	if o.reload > 0 {
@@ -197,20 +168,69 @@ func serve(ctx context.Context, o options, log *slog.Logger, ready chan<- string
 			if err != nil {
 				log.Warn("leasehold-rls: config not reloaded; the old one stays", slog.String("error", err.Error()))
 			}
-		case err := <-errc:
-			gs.Stop()
+		case err := <-l.errc:
+			l.grpc.Stop()
 			return err
 		case <-ctx.Done():
 			log.Info("leasehold-rls: draining")
-			hs.Shutdown()
-			gs.GracefulStop()
-			if hsrv != nil {
-				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				_ = hsrv.Shutdown(sctx)
-			}
+			l.drain()
 			return srv.Close()
 		}
+	}
+}
+
+// listeners are the gRPC server (the rate limit and health services) and
+// the HTTP one, serving; errc gets the error that stops either.
+type listeners struct {
+	grpc     *grpc.Server
+	health   *health.Server
+	http     *http.Server // nil without -http
+	grpcAddr string
+	errc     chan error
+}
+
+func listen(o options, srv *envoyrls.Server) (*listeners, error) {
+	var gopts []grpc.ServerOption
+	if o.cert != "" {
+		tc, err := tlsConfig(o)
+		if err != nil {
+			return nil, err
+		}
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	l := &listeners{grpc: grpc.NewServer(gopts...), health: health.NewServer(), errc: make(chan error, 2)}
+	rlsv3.RegisterRateLimitServiceServer(l.grpc, srv)
+	healthpb.RegisterHealthServer(l.grpc, l.health)
+	ln, err := net.Listen("tcp", o.grpc)
+	if err != nil {
+		return nil, err
+	}
+	l.grpcAddr = ln.Addr().String()
+	go func() { l.errc <- l.grpc.Serve(ln) }()
+	if o.http != "" {
+		hl, err := net.Listen("tcp", o.http)
+		if err != nil {
+			l.grpc.Stop()
+			return nil, err
+		}
+		l.http = &http.Server{Handler: srv.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := l.http.Serve(hl); !errors.Is(err, http.ErrServerClosed) {
+				l.errc <- err
+			}
+		}()
+	}
+	return l, nil
+}
+
+// drain lets the calls in flight finish, then stops both servers.
+func (l *listeners) drain() {
+	l.health.Shutdown()
+	l.grpc.GracefulStop()
+	if l.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = l.http.Shutdown(ctx)
 	}
 }
 
