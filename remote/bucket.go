@@ -47,17 +47,34 @@ type grantRec struct {
 	share  int64  // units of rate/grantUnits the bucket counts
 	burst  int64  // taken from the level when the grant began
 	exp    micros // store time the grant ends
-	want   int64  // the holder's last want, for the division
+	want   int64  // the holder's last want, for the division; 0: no grant
+	stock  int64  // tokens the holder may still hold (Request.Stock)
+	seq    int64  // the number of the holder's last lease
 }
 
-// gsum returns the grants' total share and burst.
+// gsum returns the records' total share, and their bursts and stock,
+// which the bucket's cap leaves out.
 func (s *state) gsum() (share, burst int64) {
 	for _, g := range s.grants {
 		share += g.share
-		burst += g.burst
+		burst += g.burst + g.stock
 	}
 	return share, burst
 }
+
+// flows counts the records of capacity grants (a holder with a want).
+func (s *state) flows() int {
+	c := 0
+	for _, g := range s.grants {
+		if g.want > 0 {
+			c++
+		}
+	}
+	return c
+}
+
+// clamp keeps the level within the cap the records leave.
+func (s *state) clamp() { s.giveBack(0) }
 
 // idiv is floor division with a non-negative remainder, for b > 0.
 func idiv(a, b int64) (q, r int64) {
@@ -177,13 +194,34 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 	stale := st.bring(exists, r, m, now)
 	st.owed = min(st.owed, max(-st.level, 0))
 	var granted, delay, retry int64
+	var held bool
 	switch op {
 	case OpLease:
-		if !stale {
-			granted, delay, retry = st.lease(r, now)
+		rr, mine, late := *r, -1, false
+		if h := r.Stock.Holder; h != "" {
+			mine = st.find(h)
+			late = mine >= 0 && r.Stock.Seq <= st.grants[mine].seq
+			held = mine >= 0 || int64(len(st.grants)) < r.Stock.maxRecords()
+			if !held {
+				rr.N, rr.Min, rr.MaxDelay = rr.Need, rr.Need, 0
+			}
+		}
+		if !stale && !late {
+			granted, delay, retry = st.lease(&rr, now)
 		}
 		st.level -= granted
+		if held && !stale && !late {
+			st.record(r, mine, granted, delay, now)
+		}
+		held = held && !late
 	case OpReturn:
+		if r.Stock.Holder != "" {
+			if i := st.find(r.Stock.Holder); i >= 0 && st.grants[i].seq == r.Stock.Seq {
+				st.grants[i].stock = max(st.grants[i].stock-r.N, 0)
+			}
+			st.giveBack(r.N)
+			break
+		}
 		if st.unchangedSince(r, now) {
 			st.giveBack(r.N)
 			if !r.FullAt.IsZero() {
@@ -205,9 +243,12 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 	case opUngrant:
 		st.ungrant(r)
 	}
+	st.grants = slices.DeleteFunc(st.grants, func(g grantRec) bool {
+		return g.share == 0 && g.burst == 0 && g.want == 0 && g.stock == 0
+	})
 	reset := st.resetAfter(now)
-	holders := len(st.grants)
-	if holders == 0 {
+	holders := st.flows()
+	if len(st.grants) == 0 {
 		st.grants, st.gfrac = nil, 0 // the script deletes the grants key
 	}
 	return st, Result{
@@ -222,7 +263,25 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 		Created:    !exists,
 		Holders:    holders,
 		Mark:       SpillMark{Born: int64(st.born), Spill: st.spill},
+		Held:       held,
 	}
+}
+
+// record counts a lease's granted tokens, future-dated by delay, under
+// r's holder record (index mine, -1: a new one): Keep plus granted until
+// the term. The stock branch of bucketLua's lease.
+func (st *state) record(r *Request, mine int, granted, delay int64, now micros) {
+	if mine < 0 {
+		st.grants = append(st.grants, grantRec{holder: r.Stock.Holder})
+		mine = len(st.grants) - 1
+	}
+	x := &st.grants[mine]
+	x.stock, x.seq = r.Stock.Keep+granted, r.Stock.Seq
+	if end := now.plus(delay + r.Stock.Term.Microseconds()); x.stock > 0 && end > x.exp {
+		x.exp = end
+	}
+	slices.SortStableFunc(st.grants, func(a, b grantRec) int { return cmp.Compare(a.exp, b.exp) })
+	st.clamp()
 }
 
 // charge is what a debit r costs the bucket: with a mark of this bucket,
@@ -251,12 +310,18 @@ func (st *state) bring(exists bool, r *Request, m exact.Micros, now micros) (sta
 		return true
 	case st.version < r.Version || st.burst != m.Burst || st.rate != m.Rate || st.per != m.Per:
 		st.refill(now)
-		st.grants, st.gfrac = nil, 0 // a new limit ends every grant
+		// A new limit ends every grant; stock still held stays counted.
+		st.grants = slices.DeleteFunc(st.grants, func(g grantRec) bool { return g.stock == 0 })
+		for i := range st.grants {
+			st.grants[i].share, st.grants[i].burst, st.grants[i].want = 0, 0, 0
+		}
+		st.gfrac = 0
 		if st.level >= 0 {
 			used := min(st.burst-st.level, m.Burst)
 			st.level = m.Burst - used
 		}
 		st.carry, st.version, st.burst, st.rate, st.per = 0, r.Version, m.Burst, m.Rate, m.Per
+		st.clamp()
 	default:
 		st.refill(now)
 	}
@@ -267,8 +332,10 @@ func (st *state) bring(exists bool, r *Request, m exact.Micros, now micros) (sta
 // comes back to the level.
 func (st *state) ungrant(r *Request) {
 	if i := st.find(r.grant.holder); i >= 0 {
+		// Its stock, if any, stays counted until reported or its term.
 		st.level += min(r.N, st.grants[i].burst)
-		st.grants = slices.Delete(st.grants, i, i+1)
+		g := &st.grants[i]
+		g.share, g.burst, g.want = 0, 0, 0
 	}
 	st.giveBack(0)
 }
@@ -316,7 +383,7 @@ func (st *state) find(holder string) int {
 func (st *state) grant(r *Request, now micros) (share, burst, tokens int64) {
 	g := r.grant
 	mine := st.find(g.holder)
-	if st.rate > maxGrantRatePer/st.per || (mine < 0 && int64(len(st.grants)) >= g.maxHolders) {
+	if st.rate > maxGrantRatePer/st.per || ((mine < 0 || st.grants[mine].want == 0) && int64(st.flows()) >= g.maxHolders) {
 		return 0, 0, 0
 	}
 	sh, b := st.gsum()
@@ -324,7 +391,7 @@ func (st *state) grant(r *Request, now micros) (share, burst, tokens int64) {
 	wants := []int64{want}
 	sum := want
 	for i, x := range st.grants {
-		if i != mine {
+		if i != mine && x.want > 0 {
 			wants = append(wants, x.want)
 			sum += x.want
 		}
@@ -368,7 +435,7 @@ func (st *state) grant(r *Request, now micros) (share, burst, tokens int64) {
 	if x.burst < 1 {
 		offer, counted = 0, 0 // no burst left to give: a share could not be spent
 	}
-	x.share, x.exp, x.want = counted, now.plus(g.term), want
+	x.share, x.exp, x.want = counted, max(x.exp, now.plus(g.term)), want
 	burst = x.burst
 	slices.SortStableFunc(st.grants, func(a, b grantRec) int { return cmp.Compare(a.exp, b.exp) })
 	return offer, burst, tokens

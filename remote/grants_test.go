@@ -20,7 +20,9 @@ import (
 )
 
 // TestGrantTwinsAgree runs random sequences of leases, returns, debits,
-// grants and ungrants by three holders on the script and on its Go twin,
+// grants and ungrants by three holders, leases and returns with and
+// without stock records (late calls, returns of an old record, more
+// holders than the bucket keeps among them), on the script and on its Go twin,
 // with terms short enough that grants expire between and within steps, and
 // policy changes that end every grant.
 func TestGrantTwinsAgree(t *testing.T) {
@@ -46,6 +48,7 @@ func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 		return local.Limit{Rate: 1 + r.Int64N(3000), Period: periods[r.IntN(len(periods))], Burst: 1 + r.Int64N(400)}
 	}
 	holders := []string{"a", "b.2", "c:3"}
+	calls := map[string]int64{}
 	for seq := range seqs {
 		lim, version := randLimit(), uint64(1)
 		key := fmt.Sprintf("gseq-%s-%d", run, seq)
@@ -66,6 +69,17 @@ func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 				Term: time.Duration(1+r.Int64N(3000)) * time.Millisecond, MaxHolders: 1 + r.IntN(3)}
 			unspent := r.Int64N(60)
 			op := []Op{OpLease, OpLease, OpReturn, OpDebit, opGrant, opGrant, opGrant, opUngrant}[r.IntN(8)]
+			if (op == OpLease || op == OpReturn) && r.IntN(3) > 0 {
+				h := holders[r.IntN(len(holders))]
+				if op == OpLease && r.IntN(6) > 0 {
+					calls[h]++ // else a late call: a number already used
+				}
+				req.Stock = Stock{Holder: h, Keep: r.Int64N(lim.Burst + 1), Seq: max(calls[h]-r.Int64N(2), 0),
+					Term: time.Duration(1+r.Int64N(3000)) * time.Millisecond, Max: 1 + r.IntN(4)}
+				if op == OpReturn {
+					req.N = 1 + r.Int64N(lim.Burst)
+				}
+			}
 			if op == OpDebit && r.IntN(3) > 0 {
 				// A debit of what an outage spent, forgiven what spilled
 				// since a mark: the last answer's, an earlier spill, or
@@ -279,7 +293,7 @@ func memGrantState(s *MemoryStore, r *Request) string {
 	}
 	parts := []string{fmt.Sprint(st.gfrac)}
 	for _, g := range st.grants {
-		parts = append(parts, fmt.Sprintf("%s %d %d %d %d", g.holder, g.share, g.burst, g.exp, g.want))
+		parts = append(parts, fmt.Sprintf("%s %d %d %d %d %d %d", g.holder, g.share, g.burst, g.exp, g.want, g.stock, g.seq))
 	}
 	slices.Sort(parts[1:])
 	return out + strings.Join(parts, "|")

@@ -443,6 +443,10 @@ func (c *argCache) scriptArgs(op Op, r *Request) (*scriptCall, error) {
 			// The grant arguments (12–16) are unused by a debit.
 			call.cmd = append(call.cmd, "", 0, 0, 0, 0, r.Spent, r.Mark.Born, r.Mark.Spill)
 		}
+		if st := r.Stock; st.Holder != "" {
+			// Arguments 13 and 16–20 are unused by a lease or return.
+			call.cmd = append(call.cmd, st.Holder, 0, st.Term.Microseconds(), st.maxRecords(), 0, 0, 0, 0, 0, st.Keep, st.Seq)
+		}
 		if op == OpReturn && !r.FullAt.IsZero() {
 			// Arguments 12–19 are unused by a return.
 			call.cmd = append(call.cmd, "", 0, 0, 0, 0, 0, 0, 0, r.FullAt.UnixMicro())
@@ -509,10 +513,10 @@ func unreachable(err error) bool {
 // script reply goes through it.
 func parseReply(key string, v any) (Result, error) {
 	vals, ok := v.([]any)
-	if !ok || len(vals) < 9 || len(vals) > 13 {
+	if !ok || len(vals) < 9 || len(vals) > 14 {
 		return Result{}, errs.Errorf("remote", "bucket %q: %w: reply %T of unexpected shape", key, ErrCorruptState, v)
 	}
-	var n [13]int64
+	var n [14]int64
 	for i, x := range vals {
 		switch x := x.(type) {
 		case int64:
@@ -543,6 +547,7 @@ func parseReply(key string, v any) (Result, error) {
 		Binding:    int(n[9]),
 		Holders:    int(n[10]),
 		Mark:       SpillMark{Born: n[11], Spill: n[12]},
+		Held:       n[13] == 1,
 	}, nil
 }
 

@@ -44,7 +44,26 @@ const luaPrelude = lua.Prelude
 // grant left it (return; absent or 0: give back unconditionally). A return
 // with it gives back only to a bucket without grants whose time to full
 // is still fullat, and replies with the tokens it took back as granted.
-// KEYS[2]  the bucket's capacity grants, prefix{policy:key}:grants
+// ARGV[21] keep: tokens the holder still holds of its record and goes on
+// spending (lease with a holder)
+// ARGV[22] seq: the holder's call number, rising with each call (lease);
+// for a return, the number of the call whose answer the holder last had
+// KEYS[2]  the bucket's capacity grants and stock records,
+// prefix{policy:key}:grants
+//
+// Stock records: a lease that names a holder (ARGV[12]) is counted under
+// the holder's record until its term (ARGV[14]) ends, as k tokens held:
+// what the holder said it still holds (keep) plus what the lease granted.
+// The bucket's cap is burst minus every record's burst and stock, so the
+// bucket and everything held never pass burst at any instant, and in any
+// window w the fleet admits at most burst + rate·w with nothing decaying.
+// A call with a seq no higher than the record's is a late one (it was
+// overtaken by a later call of the same holder): it changes nothing. A
+// return naming the holder and the seq of its record takes the tokens off
+// the record; any return adds to the level only up to the cap. At most
+// maxholders (ARGV[15]) records are kept; a lease past that grants at most
+// need, and unrecorded (reply field 14 is 0): the caller spends them at
+// once.
 //
 // Capacity grants (see grants.go): a grant is a share s of the bucket's
 // rate, in units of 1/grantUnits, and a burst b, until exp (Redis TIME).
@@ -135,7 +154,7 @@ end
 -- quarter of a cold lease's script time. It gives the general path's
 -- answers (the steps are the general path's with no grants and no
 -- rescale); anything else falls through to it.
-if (op == 'lease' or op == 'return') and not graw and rate >= 1 and per >= 1 and burst >= 1 then
+if (op == 'lease' or op == 'return') and not graw and (ARGV[12] or '') == '' and rate >= 1 and per >= 1 and burst >= 1 then
   local level, carry, last, born, spill, owed, created
   if not raw then
     level, carry, last, born, spill, owed, created = burst, 0, now, now, 0, 0, 1
@@ -207,6 +226,8 @@ local spent = tonumber(ARGV[17] or '0')
 local markborn = tonumber(ARGV[18] or '0')
 local markspill = tonumber(ARGV[19] or '0')
 local fullat = tonumber(ARGV[20] or '0')
+local keep = tonumber(ARGV[21] or '0')
+local seq = tonumber(ARGV[22] or '0')
 
 local grants, gfrac = {}, 0
 if graw then
@@ -215,18 +236,34 @@ if graw then
   gfrac = tonumber(f)
   local total = 0
   for part in string.gmatch(rest, '|([^|]*)') do
-    local id, gs, gb, ge, gw = string.match(part, '^(%S+) (%d+) (%d+) (%d+) (%d+)$')
+    local id, gs, gb, ge, gw, gk, gq = string.match(part, '^(%S+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+    if not id then
+      id, gs, gb, ge, gw = string.match(part, '^(%S+) (%d+) (%d+) (%d+) (%d+)$')
+      gk, gq = '0', '0'
+    end
     if not id then return redis.error_reply('LEASEHOLD_CORRUPT grants record') end
-    grants[#grants + 1] = {id = id, s = tonumber(gs), b = tonumber(gb), exp = tonumber(ge), w = tonumber(gw)}
+    grants[#grants + 1] = {id = id, s = tonumber(gs), b = tonumber(gb), exp = tonumber(ge), w = tonumber(gw),
+      k = tonumber(gk), q = tonumber(gq)}
     total = total + tonumber(gs)
   end
   if total > G then return redis.error_reply('LEASEHOLD_CORRUPT grants record') end
   table.sort(grants, function(a, b) return a.exp < b.exp end)
 end
+-- gsum returns the records' total share, and their bursts and stock,
+-- which the bucket's cap leaves out.
 local function gsum()
   local S, B = 0, 0
-  for _, g in ipairs(grants) do S = S + g.s; B = B + g.b end
+  for _, g in ipairs(grants) do S = S + g.s; B = B + g.b + g.k end
   return S, B
+end
+-- flows counts the records of capacity grants (a holder with a want).
+local function flows()
+  local c = 0
+  for _, g in ipairs(grants) do if g.w > 0 then c = c + 1 end end
+  return c
+end
+local function findrec(id)
+  for i, g in ipairs(grants) do if g.id == id then return g, i end end
 end
 
 local s = {}
@@ -296,6 +333,12 @@ local function refill()
   s.last = now
 end
 
+-- clamp keeps the level within the cap the records leave.
+local function clamp()
+  local _, B = gsum()
+  if s.level >= s.burst - B then s.level = s.burst - B; s.carry = 0; gfrac = 0 end
+end
+
 local stale = 0
 if raw and string.sub(raw, 1, 2) == 'S ' then
   -- A shaped bucket (shapeLua) whose policy went back to one token
@@ -352,22 +395,34 @@ else
     refill()
   elseif s.version < version or s.burst ~= burst or s.rate ~= rate or s.per ~= per then
     refill()
-    grants = {}; gfrac = 0
+    -- A new limit ends every grant; stock still held stays counted.
+    local kept = {}
+    for _, g in ipairs(grants) do
+      if g.k > 0 then g.s = 0; g.b = 0; g.w = 0; kept[#kept + 1] = g end
+    end
+    grants = kept; gfrac = 0
     if s.level >= 0 then
       local used = s.burst - s.level
       if used > burst then used = burst end
       s.level = burst - used
     end
     s.carry = 0; s.version = version; s.burst = burst; s.rate = rate; s.per = per
+    clamp()
   else
     refill()
   end
 end
 
 if s.level >= 0 then s.owed = 0 elseif s.owed > -s.level then s.owed = -s.level end
-local granted, delay, retry = 0, 0, 0
+local granted, delay, retry, held = 0, 0, 0, 0
 if op == 'lease' then
-  if stale == 1 then
+  local mine, late
+  if holder ~= '' then
+    mine = findrec(holder)
+    late = mine and seq <= mine.q
+    if mine or #grants < maxholders then held = 1 else n = need; minn = need; maxdelay = 0 end
+  end
+  if stale == 1 or late then
   elseif s.level >= n then granted = n
   elseif s.level >= minn then granted = s.level
   else
@@ -380,6 +435,25 @@ if op == 'lease' then
     else retry = math.min(grants[1].exp - now, GRANT_RETRY) end
   end
   s.level = s.level - granted
+  if held == 1 and stale == 0 and not late then
+    if not mine then
+      mine = {id = holder, s = 0, b = 0, exp = 0, w = 0, k = 0, q = 0}
+      grants[#grants + 1] = mine
+    end
+    mine.k = keep + granted; mine.q = seq
+    if mine.k > 0 and now + delay + term > mine.exp then mine.exp = now + delay + term end
+    table.sort(grants, function(a, b) return a.exp < b.exp end)
+    clamp()
+  end
+  if late then held = 0 end
+elseif op == 'return' and holder ~= '' then
+  local mine = findrec(holder)
+  if mine and mine.q == seq then
+    mine.k = mine.k - n
+    if mine.k < 0 then mine.k = 0 end
+  end
+  s.level = s.level + n
+  clamp()
 elseif op == 'return' then
   if fullat == 0 or (#grants == 0 and now + waitfor(s.level, s.burst) == fullat) then
     local _, B = gsum()
@@ -402,16 +476,15 @@ elseif op == 'debit' then
     s.owed = math.min(s.owed + charge, math.max(0 - s.level, 0))
   end
 elseif op == 'grant' then
-  local mine
-  for _, g in ipairs(grants) do if g.id == holder then mine = g end end
-  if stale == 0 and s.rate * s.per <= MAX_GRANT_RATE_PER and (mine or #grants < maxholders) then
+  local mine = findrec(holder)
+  if stale == 0 and s.rate * s.per <= MAX_GRANT_RATE_PER and ((mine and mine.w > 0) or flows() < maxholders) then
     local S, B = gsum()
     -- Proportional share (Doorman): wants that fit are met; past
     -- capacity, a want up to the equal share is met and the spare goes to
     -- the rest in proportion to what they want beyond it.
     local wants, sumw = {}, 0
     for _, g in ipairs(grants) do
-      if g ~= mine then wants[#wants + 1] = g.w; sumw = sumw + g.w end
+      if g ~= mine and g.w > 0 then wants[#wants + 1] = g.w; sumw = sumw + g.w end
     end
     wants[#wants + 1] = n; sumw = sumw + n
     local alloc = n
@@ -428,7 +501,7 @@ elseif op == 'grant' then
     if not mine then
       -- A holder without a share yet is kept, so that its want counts
       -- when the others renew.
-      mine = {id = holder, s = 0, b = 0}
+      mine = {id = holder, s = 0, b = 0, exp = 0, w = 0, k = 0, q = 0}
       grants[#grants + 1] = mine
     end
     local cur = mine.s
@@ -455,23 +528,28 @@ elseif op == 'grant' then
       -- No burst left to give: a share could not be spent.
       offer = 0; counted = 0
     end
-    mine.s = counted; mine.exp = now + term; mine.w = n
+    mine.s = counted; mine.w = n
+    if now + term > mine.exp then mine.exp = now + term end
     granted = offer; delay = mine.b; retry = tokens
   end
 elseif op == 'ungrant' then
-  for i, g in ipairs(grants) do
-    if g.id == holder then
-      table.remove(grants, i)
-      s.level = s.level + math.min(n, g.b)
-      break
-    end
+  local g, i = findrec(holder)
+  if g then
+    -- Its stock, if any, stays counted until reported or its term.
+    s.level = s.level + math.min(n, g.b)
+    g.s = 0; g.b = 0; g.w = 0
+    if g.k == 0 then table.remove(grants, i) end
   end
-  local _, B = gsum()
-  if s.level >= s.burst - B then s.level = s.burst - B; s.carry = 0; gfrac = 0 end
+  clamp()
 else
   return redis.error_reply('LEASEHOLD_BADOP ' .. tostring(op))
 end
 
+local live = {}
+for _, g in ipairs(grants) do
+  if g.s > 0 or g.b > 0 or g.w > 0 or g.k > 0 then live[#live + 1] = g end
+end
+grants = live
 -- The key outlives every grant: absent means full, and full is only
 -- true once the grants are gone.
 local reset = waitfor(s.level, s.burst)
@@ -484,7 +562,7 @@ redis.call('SET', KEYS[1], format('%d %d %d %d %d %d %d %d %d %d',
 if #grants > 0 then
   local parts = {format('%d', gfrac)}
   for _, g in ipairs(grants) do
-    parts[#parts + 1] = format('%s %d %d %d %d', g.id, g.s, g.b, g.exp, g.w)
+    parts[#parts + 1] = format('%s %d %d %d %d %d %d', g.id, g.s, g.b, g.exp, g.w, g.k, g.q)
   end
   -- As long as the bucket: a refill after an expiry needs the record.
   redis.call('SET', KEYS[2], table.concat(parts, '|'), 'PX', ttl)
@@ -493,8 +571,8 @@ elseif graw then
 end
 local remaining = s.level
 if remaining < 0 then remaining = 0 end
-local holders = #grants
-return {granted, delay, remaining, retry, reset, now, s.version, stale, created, 0, holders, s.born, s.spill}
+local holders = flows()
+return {granted, delay, remaining, retry, reset, now, s.version, stale, created, 0, holders, s.born, s.spill, held}
 `)
 
 var bucketScript = redis.NewScript(bucketLua)

@@ -157,6 +157,9 @@ type Request struct {
 	// Tier names which of a policy's tiers the key is under ("" for the
 	// policy's own limit); each tier's buckets are apart from the others'.
 	Tier string
+	// Stock, for a Lease or Return of a plain token bucket, names the
+	// holder record the tokens are counted under (see Stock).
+	Stock Stock
 
 	grant *grantArgs // set for the grant operations (grants.go)
 }
@@ -198,7 +201,42 @@ type Result struct {
 	// Holders is how many capacity grants the bucket keeps after the call
 	// (see Granter).
 	Holders int
+	// Held reports that a Lease's tokens are counted under the record of
+	// Request.Stock's holder until its term; false for a lease without a
+	// holder, or past the records the bucket keeps: then spend the
+	// tokens at once.
+	Held bool
 }
+
+// Stock names the record a holder's leased tokens are counted under. The
+// bucket's cap is Burst less every record's tokens, so the bucket and
+// what holders hold never pass Burst at any instant, and in any window w
+// the fleet admits at most Burst + Rate·w, with no token decaying. A
+// holder reports what it still holds on its next lease (Keep), and a
+// record it does not report counts until its term ends.
+type Stock struct {
+	// Holder names the record: 1 to 64 bytes of letters, digits and
+	// "._:-", unique among the processes sharing the store; "" for none.
+	Holder string
+	// Keep is, for a Lease, the tokens the holder still holds of its
+	// record and goes on spending: the record becomes Keep plus what the
+	// lease grants.
+	Keep int64
+	// Seq numbers the holder's calls, rising with each Lease; a call with
+	// a number no higher than the record's changes nothing. For a
+	// Return, it is the number of the lease whose answer the holder last
+	// had: the returned tokens come off the record only if it matches.
+	Seq int64
+	// Term is how long after a Lease the record counts its tokens, by
+	// the store's clock (plus the lease's Delay): 1 ms to 24 h.
+	Term time.Duration
+	// Max is the most records the bucket keeps; 0 means 64. A lease past
+	// it grants at most Need, unrecorded (Result.Held is false).
+	Max int
+}
+
+// defaultMaxStock is how many stock records a bucket keeps by default.
+const defaultMaxStock = 64
 
 // Reply is one answer of a Batch.
 type Reply struct {
@@ -296,6 +334,18 @@ func validate(op Op, r *Request) (exact.Micros, error) {
 	default:
 		return exact.Micros{}, errs.Errorf("remote", "unknown op %d", int(op))
 	}
+	if st := r.Stock; st.Holder != "" {
+		if op == OpDebit || r.shaped() || !r.FullAt.IsZero() {
+			return exact.Micros{}, errs.Errorf("remote", "%s on %q: a stock record is for a lease or return of a plain token bucket: %w", op, r.Key, ErrInvalidGrant)
+		}
+		if err := validateHolder(st.Holder); err != nil {
+			return exact.Micros{}, err
+		}
+		if st.Keep < 0 || st.Keep > m.Burst || st.Seq < 0 || st.Seq > int64(MaxVersion) || st.Max < 0 || st.Max > 1024 ||
+			op == OpLease && (st.Term < time.Millisecond || st.Term > 24*time.Hour) {
+			return exact.Micros{}, errs.Errorf("remote", "%s on %q: keep %d, seq %d, term %v, max %d: %w", op, r.Key, st.Keep, st.Seq, st.Term, st.Max, ErrInvalidGrant)
+		}
+	}
 	if !r.FullAt.IsZero() && (op != OpReturn || r.shaped()) {
 		return exact.Micros{}, errs.Errorf("remote", "%s on %q: full-at is for a return to a plain token bucket: %w", op, r.Key, ErrInvalidPolicy)
 	}
@@ -325,3 +375,11 @@ func (o ops) Debit(ctx context.Context, r Request) (Result, error) { return o.do
 // carrying a mark is forgiven what the bucket spilled since (see
 // Request.Spent).
 type SpillMark struct{ Born, Spill int64 }
+
+// maxRecords is how many records a bucket keeps for s's lease.
+func (s Stock) maxRecords() int64 {
+	if s.Max <= 0 {
+		return defaultMaxStock
+	}
+	return int64(s.Max)
+}
