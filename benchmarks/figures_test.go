@@ -36,15 +36,18 @@ import (
 // variantOptions are the options of the variant LEASEHOLD_FIGURES_VARIANT
 // names, given to every limiter of the figures (the helper processes
 // inherit the variable): "" for the defaults, "capacity" for capacity
-// leases of a 15 s term, to weigh the two mechanisms in one table.
+// leases of a 15 s term, "stock" for stock records (WithStrictWindows
+// off), to weigh the mechanisms in one table.
 func variantOptions() []hybrid.Option {
 	switch v := os.Getenv("LEASEHOLD_FIGURES_VARIANT"); v {
 	case "":
 		return nil
 	case "capacity":
 		return []hybrid.Option{hybrid.WithCapacityLeases(15 * time.Second)}
+	case "stock":
+		return []hybrid.Option{hybrid.WithStrictWindows(false)}
 	default:
-		panic(fmt.Sprintf("LEASEHOLD_FIGURES_VARIANT=%q: want capacity or nothing", v))
+		panic(fmt.Sprintf("LEASEHOLD_FIGURES_VARIANT=%q: want capacity, stock or nothing", v))
 	}
 }
 

@@ -92,21 +92,23 @@ func worstWindow(adm []admission, lim Limit, settled time.Time) (all, after int6
 // keep the bound in every window, use ≥ 95% of it, share it fairly, and
 // cost at most 10 store calls per 1 000 admitted (the at-limit target;
 // under the race detector, which starves the limiters' refills of CPU on
-// a small machine, at most 20).
+// a small machine, at most 20). Stock records (standalone only, for
+// time) keep every window too, at more calls: a record counts what its
+// holder spent since its last call until its next, so each of N holders
+// calls about every Burst/(N·Rate), at least N/Burst calls a token (20
+// per 1 000 here); at most 45.
 func TestKeyAtItsLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("6 s of load per case")
 	}
 	lim := Limit{Rate: 2000, Period: time.Second, Burst: 200}
 	cases := backends("tenant-at-limit", "tenant:{9}:at-limit")
-	// Under WithStrictWindows (standalone only, for time) no window may
-	// see more than the bound from the first instant on.
-	strict := cases[0]
-	strict.name += "-strict"
-	for _, tc := range append(cases, strict) {
+	stock := cases[0]
+	stock.name += "-stock"
+	for _, tc := range append(cases, stock) {
 		t.Run(tc.name, func(t *testing.T) {
-			isStrict := strings.HasSuffix(tc.name, "-strict")
-			lims := newFleet(t, 4, runPolicy("atlimit-"+tc.name, lim), tc.dial, WithStrictWindows(isStrict))
+			isStock := strings.HasSuffix(tc.name, "-stock")
+			lims := newFleet(t, 4, runPolicy("atlimit-"+tc.name, lim), tc.dial, WithStrictWindows(!isStock))
 			start := time.Now()
 			adm, per, degraded := spin(lims, 16, 6*time.Second, tc.key)
 			elapsed := time.Since(start)
@@ -123,8 +125,8 @@ func TestKeyAtItsLimit(t *testing.T) {
 			if degraded > got/100 {
 				t.Fatalf("%d decided by the degraded share: the store was too slow for over 1%%", degraded)
 			}
-			if isStrict && excess > 0 {
-				t.Fatalf("a window admitted %d more than Burst + Rate·w under WithStrictWindows", excess)
+			if excess > 0 {
+				t.Fatalf("a window admitted %d more than Burst + Rate·w", excess)
 			}
 			if slack := int64(len(lims)) * lim.Burst / 10; excess > slack {
 				t.Fatalf("a window admitted %d more than Burst + Rate·w, over the %d leases may hold", excess, slack)
@@ -142,8 +144,11 @@ func TestKeyAtItsLimit(t *testing.T) {
 				}
 			}
 			want := 10.0
+			if isStock {
+				want = 45
+			}
 			if raceEnabled {
-				want = 20
+				want *= 2
 			}
 			if perK > want {
 				t.Fatalf("%.1f store calls per 1000 admitted, want ≤ %.0f", perK, want)

@@ -157,11 +157,13 @@ func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
 	}
 	lim := p.tier(e).limits[0]
 	perSec := float64(lim.Rate) / lim.Period.Seconds()
-	g := &e.extra().grant
 	if rate < max(perSec/grantMinPart, 1) {
-		g.hotFrom.Store(0)
+		if r := e.rare.Load(); r != nil {
+			r.grant.hotFrom.Store(0)
+		}
 		return
 	}
+	g := &e.extra().grant
 	from := g.hotFrom.Load()
 	if from == 0 {
 		from = now + 1

@@ -47,6 +47,9 @@ type leaser struct {
 	noteAt atomicMono
 	// lostLogged is set once a vanished bucket has been logged.
 	lostLogged atomic.Bool
+	// seq numbers lease calls (remote.Stock.Seq): rising, so that each
+	// key's calls rise too.
+	seq atomic.Int64
 }
 
 // spend takes n tokens from e's lease at now for one decision and returns the
@@ -324,6 +327,13 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 	if err != nil {
 		return fetchOutcome{}, err
 	}
+	if res.Held {
+		// The record now counts what the lease holds until the new
+		// term, and the lease may spend it until then.
+		// The store keeps the later of the record's end and the new
+		// term's, so the lease keeps the later of its own too.
+		e.lease.Add(0, max(int64(ls.stockUntil(start, res.Delay)), e.lease.Expiry()))
+	}
 	return ls.apply(e, p, res, req.Need, waiters, start, now), nil
 }
 
@@ -380,6 +390,12 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 		want = share
 		e.setLowWater(share / 4)
 	}
+	if ls.stock(p) {
+		// A holder's record counts what it had at its last call until
+		// its next: about a lease and a half between calls. Holders of
+		// Burst/(2N) each leave the bucket room for the rest.
+		want = max(min(want, ls.stockShare(p.tier(e))), need, 1)
+	}
 	if level := e.answer.level.Load(); p.hold > 0 && level >= 0 && level < p.tier(e).maxLease {
 		// A sliding window near full: tokens a lease would hold idle
 		// are the ones other processes wait for. Take only what this
@@ -393,16 +409,54 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 	// when no full lease can be future-dated.
 	minimum, floor := max(need, 1), max(need, 1)
 	req := p.request(ls.cfg.prefix, e)
-	if need == 0 && ls.cfg.maxDelay > 0 && !p.shaped {
+	if need == 0 && ls.paced(p) {
 		minimum = want
 	}
-	if !p.shaped && !e.grantMode() {
+	if ls.paced(p) && !e.grantMode() {
 		// A key that holds or asks for a grant future-dates nothing: no
 		// share rises while future-dated tokens are out.
 		req.MaxDelay = ls.cfg.maxDelay
 	}
 	req.N, req.Min, req.Need = want, minimum, floor
+	if ls.stock(p) {
+		req.Stock = remote.Stock{Holder: ls.outage.id, Keep: e.lease.Spendable(int64(now)) + e.reserved(),
+			Seq: ls.seq.Add(1), Term: ls.cfg.leaseTTL + stockGrace}
+	}
 	return req
+}
+
+// stock reports whether leases under p are counted under this process's
+// record at the store until their term (a token bucket on a store that
+// keeps records, without WithStrictWindows).
+func (ls *leaser) stock(p *policyState) bool { return ls.cfg.stock && !p.shaped }
+
+// stockGrace is how long the store counts a lease's record past the
+// term its holder spends by (stockUntil): the holder's coarse clock
+// (coarseTick) may fall behind by as much as its timers are late, and
+// only unreported tokens (a crash, a cut) are counted the longer.
+const stockGrace = time.Second
+
+// paced reports whether leases under p may be future-dated (a token
+// bucket, WithMaxReservation above 0, and no stock records: a
+// future-dated lease would hold its record's room before its tokens are
+// due, and a key at its limit holds flow instead).
+func (ls *leaser) paced(p *policyState) bool {
+	return ls.cfg.maxDelay > 0 && !p.shaped
+}
+
+// stockShare is the most a lease asks for under stock records, beyond
+// the tokens its callers need: Burst/(2N) in a fleet of N.
+func (ls *leaser) stockShare(t *tierState) int64 {
+	return max(t.limits[0].Burst/int64(2*max(ls.outage.size(), 1)), 1)
+}
+
+// stockUntil is when a process stops spending the tokens of a lease sent
+// at start and future-dated by delay: a margin before the store's record
+// ends, counted from the send (the store read its TIME after it), as
+// clock rates drift by parts per million.
+func (ls *leaser) stockUntil(start mono, delay time.Duration) mono {
+	term := ls.cfg.leaseTTL
+	return start.add(delay + term - term/100 - time.Millisecond)
 }
 
 // contendedShare is the grant to ask for on a key at its limit (the last
@@ -419,13 +473,20 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 // half). 0 when the key is not contended, reservations are off, or the
 // store is not known healthy.
 func (ls *leaser) contendedShare(e *entry, p *policyState, now mono) int64 {
-	if ls.cfg.maxDelay <= 0 || p.shaped || ls.store.State() != gobreaker.StateClosed || ls.outage.held(now) || e.grantMode() {
+	if !ls.paced(p) || ls.store.State() != gobreaker.StateClosed || ls.outage.held(now) || e.grantMode() {
 		// A probe of a store that was down gets a plain lease: a long
 		// grant would fall due while the recovery hold still decides by
 		// the degraded share, and be spent on top of it.
 		return 0
 	}
-	if level := e.answer.level.Load(); e.reserved() == 0 && (level < 0 || level >= p.tier(e).maxLease) {
+	level := e.answer.level.Load()
+	if e.reserved() == 0 && (level < 0 || level >= p.tier(e).maxLease) {
+		return 0
+	}
+	if ls.stock(p) && e.reserved() == 0 && level > 0 {
+		// Under stock records a bucket below a lease may be one the
+		// records hold, not one drawn at its rate: only a dry one is
+		// at its limit.
 		return 0
 	}
 	lim := p.tier(e).limits[0]
@@ -533,6 +594,27 @@ func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, waiters i
 	case res.Delay <= 0 && p.hold > 0:
 		ls.depositHeld(e, p, res.Granted, res.Now, start.add(p.life))
 		return fetchOutcome{deposited: true, at: now}
+	case res.Delay <= 0 && ls.stock(p) && res.Held:
+		// Counted under the record until its term: the lease's expiry
+		// was moved there as the reply came (see leaseFor).
+		ls.stats.tokensLeased.Add(res.Granted)
+		if e.lease.Add(res.Granted, e.lease.Expiry()) {
+			e.inflow.Add(res.Granted)
+		} else {
+			ls.giveBack(e, res.Granted)
+		}
+		return fetchOutcome{deposited: true, at: now}
+	case res.Delay <= 0 && ls.stock(p):
+		// Past the records the bucket keeps: the waiting callers' tokens
+		// are theirs at once, and nothing is held.
+		hand := min(res.Granted, waiters)
+		ls.stats.tokensLeased.Add(hand)
+		e.misses.Add(-hand)
+		e.inflow.Add(hand)
+		if rest := res.Granted - hand; rest > 0 {
+			ls.settle.later(ls.returnItem(p, e, rest))
+		}
+		return fetchOutcome{deposited: true, handout: hand, at: now}
 	case res.Delay <= 0 && !ls.strict(p):
 		ls.deposit(e, res.Granted, now.add(ls.cfg.leaseTTL), now)
 		return fetchOutcome{deposited: true, at: now}
@@ -559,6 +641,9 @@ func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, waiters i
 	until := mono(math.MaxInt64) // given back when it expires, as leases are
 	if ls.strict(p) {
 		until = ls.lifetime(res, start)
+	}
+	if ls.stock(p) {
+		until = ls.stockUntil(start, res.Delay)
 	}
 	ls.pace.reserve(e, p.tier(e).limits[0], res.Granted, res.Delay, now, until)
 	return fetchOutcome{retry: res.Delay, at: now}
@@ -627,6 +712,16 @@ func (ls *leaser) deposit(e *entry, n int64, until, now mono) { ls.depositFrom(e
 func (ls *leaser) depositFrom(e *entry, n int64, until, now mono, from storeMicros) {
 	ls.stats.tokensLeased.Add(n)
 	p := ls.policy.load()
+	if ls.stock(p) {
+		// Tokens of a future-dated lease, due now: spendable until the
+		// latest record's term, which counts them (its Keep did).
+		if e.lease.Add(n, min(int64(until), e.lease.Expiry())) {
+			e.inflow.Add(n)
+			return
+		}
+		ls.giveBack(e, n)
+		return
+	}
 	if !ls.strict(p) {
 		if e.lease.Add(n, int64(now.add(ls.cfg.leaseTTL))) {
 			e.inflow.Add(n)

@@ -10,9 +10,11 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leasehold/leasehold/breaker"
+	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/reconcile"
 	"github.com/leasehold/leasehold/remote"
 )
@@ -44,6 +46,10 @@ type Limiter struct {
 	bg     *background.Group
 	stats  counters
 	grants capacity
+	// coarse is, on the real clock, a process time no earlier than now
+	// (see coarseTick): leased decisions check a lease's term against
+	// it, as a clock read costs more than the rest of the decision.
+	coarse atomic.Int64
 }
 
 // New returns a Limiter enforcing p on store. A store that is not already
@@ -69,6 +75,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 		bs = breaker.NewStore(store, breaker.Settings{Clock: cfg.clk})
 	}
 	cfg.strict = cfg.strict && !regional(store)
+	cfg.stock = !cfg.strict && !regional(store)
 	l := &Limiter{cfg: cfg, store: bs, bg: background.New(cfg.clk), keys: keyTable{max: int64(cfg.maxKeys)}, stats: newCounters()}
 	l.cfg.epoch = cfg.clk.Now()
 	rng := newRand(cfg)
@@ -104,6 +111,25 @@ func (l *Limiter) start() {
 		})
 	}
 	l.bg.Tick(l.cfg.sweepInterval, l.cfg.sweepInterval, l.sweep)
+	if l.cfg.stock && l.cfg.clk == clock.Real() && l.bg.Enter() {
+		// One goroutine for the limiter's life: a callback per tick
+		// would start a goroutine each.
+		ahead := func() { l.coarse.Store(int64(l.cfg.now().add(coarseTick))) }
+		ahead()
+		go func() {
+			defer l.bg.Exit()
+			t := time.NewTicker(coarseTick)
+			defer t.Stop()
+			for {
+				select {
+				case <-t.C:
+					ahead()
+				case <-l.bg.Done:
+					return
+				}
+			}
+		}()
+	}
 	if l.outage.fleet != nil {
 		l.bg.Tick(0, l.cfg.hbInterval, l.heartbeat)
 	}

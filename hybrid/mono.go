@@ -24,7 +24,7 @@ const noExpiry = mono(math.MinInt64)
 // tokens at: now under WithStrictWindows, whose leases decay exactly (see
 // leaser.lifetime), noExpiry otherwise.
 func (c *config) spendAtNow(now mono) mono {
-	if c.strict {
+	if c.strict || c.stock {
 		return now
 	}
 	return noExpiry

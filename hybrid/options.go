@@ -20,9 +20,13 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	prefix        string
-	leaseTTL      time.Duration
-	strict        bool // WithStrictWindows
+	prefix   string
+	leaseTTL time.Duration
+	strict   bool // WithStrictWindows
+	// stock: leases of token buckets are counted under this process's
+	// record at the store until their term (remote.Stock); set by New
+	// when the store keeps records and leases do not decay.
+	stock         bool
 	horizon       time.Duration
 	maxFraction   float64
 	storeTimeout  time.Duration
@@ -165,11 +169,17 @@ func WithLeaseTTL(d time.Duration) Option { return optionFunc(func(c *config) { 
 // line ends, and at Close and eviction unless their grant is still the
 // bucket's last take (then they go back: remote.Request.FullAt).
 //
-// Off, a lease keeps its tokens until its TTL and gives back what is
-// left, and a window that starts later can also see tokens processes
-// leased before it (at most what they held then: README, "What it
-// promises"), because the bucket refills behind leased tokens while they
-// wait to be spent.
+// Off, a token bucket's lease is stock: the store counts its tokens under
+// this process's record until the lease's term (the lease TTL; see
+// remote.Stock), and its bucket refills only up to Burst less what every
+// holder holds, so the bound still holds in every window with no token
+// decaying. A leased Allow reads no clock (a goroutine moves a coarse
+// one every 10 ms), and a lease asks at most Burst/(2N) in a fleet of N,
+// as a holder's record counts what it held at its last call until its
+// next. docs/how-it-works.md, "Stock records", has what it costs; over a
+// store that keeps no records (a region's, remote/tiered), a lease keeps
+// its tokens until its TTL and a later window can also see tokens leased
+// before it.
 // Sliding windows and several limits keep their own leases, and a limiter
 // over a region's store (remote/tiered, found through wrappers that have
 // an Unwrap method) keeps the bound from the start only: the region's

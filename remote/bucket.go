@@ -213,7 +213,7 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 		if held && !stale && !late {
 			st.record(r, mine, granted, delay, now)
 		}
-		held = held && !late
+		held = held && !late && !stale
 	case OpReturn:
 		if r.Stock.Holder != "" {
 			if i := st.find(r.Stock.Holder); i >= 0 && st.grants[i].seq == r.Stock.Seq {

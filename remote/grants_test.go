@@ -125,6 +125,12 @@ func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 				t.Fatalf("seq %d step %d %v %+v:\n lua %+v\n  Go %+v\n state before %s", seq, i, op, g, got, want, before)
 			}
 			l, m := luaGrantState(t, c, &req), memGrantState(mem, &req)
+			mem.mu.Lock()
+			st := mem.mu.buckets[bucketKey(&req)].st
+			mem.mu.Unlock()
+			if _, held := st.gsum(); st.level+held > st.burst {
+				t.Fatalf("seq %d step %d %v: level %d and held %d pass burst %d", seq, i, op, st.level, held, st.burst)
+			}
 			if l != m {
 				t.Fatalf("seq %d step %d %v %+v: state\n lua %s\n  Go %s", seq, i, op, g, l, m)
 			}

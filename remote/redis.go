@@ -380,7 +380,28 @@ func (o Op) arg() any {
 // argCache keeps the numbers of the limit a store was last asked about
 // boxed as script arguments: a limiter asks about the same few limits on
 // every call, and each number above 255 was an allocation per call.
-type argCache struct{ last atomic.Pointer[limitArgs] }
+type argCache struct {
+	last  atomic.Pointer[limitArgs]
+	stock atomic.Pointer[stockArgs]
+}
+
+// stockArgs is a holder's name and term, and them boxed.
+type stockArgs struct {
+	holder string
+	term   time.Duration
+	boxed  [2]any
+}
+
+// holder returns s's holder and term in µs boxed: a limiter names the
+// same holder and term on every call.
+func (c *argCache) holder(s Stock) *[2]any {
+	if l := c.stock.Load(); l != nil && l.holder == s.Holder && l.term == s.Term {
+		return &l.boxed
+	}
+	l := &stockArgs{holder: s.Holder, term: s.Term, boxed: [2]any{s.Holder, s.Term.Microseconds()}}
+	c.stock.Store(l)
+	return &l.boxed
+}
 
 // limitArgs is one limit's numbers, and them boxed.
 type limitArgs struct {
@@ -445,7 +466,8 @@ func (c *argCache) scriptArgs(op Op, r *Request) (*scriptCall, error) {
 		}
 		if st := r.Stock; st.Holder != "" {
 			// Arguments 13 and 16–20 are unused by a lease or return.
-			call.cmd = append(call.cmd, st.Holder, 0, st.Term.Microseconds(), st.maxRecords(), 0, 0, 0, 0, 0, st.Keep, st.Seq)
+			h := c.holder(st)
+			call.cmd = append(call.cmd, h[0], 0, h[1], st.maxRecords(), 0, 0, 0, 0, 0, st.Keep, st.Seq)
 		}
 		if op == OpReturn && !r.FullAt.IsZero() {
 			// Arguments 12–19 are unused by a return.

@@ -445,7 +445,7 @@ if op == 'lease' then
     table.sort(grants, function(a, b) return a.exp < b.exp end)
     clamp()
   end
-  if late then held = 0 end
+  if late or stale == 1 then held = 0 end
 elseif op == 'return' and holder ~= '' then
   local mine = findrec(holder)
   if mine and mine.q == seq then
