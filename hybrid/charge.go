@@ -49,7 +49,10 @@ type Charge struct {
 	tier     uint16
 	estimate int64
 	at       mono // when the estimate was decided
-	settled  atomic.Bool
+	// gen is the key's lease end when the estimate was decided: under
+	// stock records, the same end at the refund means the same record.
+	gen     int64
+	settled atomic.Bool
 }
 
 // ChargeN decides estimate units of cost on key as AllowN does, and
@@ -62,7 +65,11 @@ func (l *Limiter) ChargeN(ctx context.Context, key string, estimate int64) (*Cha
 		return nil, err
 	}
 	p := l.policy.load()
-	return &Charge{Decision: d, l: l, key: key, tier: l.tierIndex(p, key), estimate: estimate, at: l.cfg.now()}, nil
+	c := &Charge{Decision: d, l: l, key: key, tier: l.tierIndex(p, key), estimate: estimate, at: l.cfg.now()}
+	if e := l.keys.entries.load(key); e != nil {
+		c.gen = e.lease.Expiry()
+	}
+	return c, nil
 }
 
 // Settle charges the work's actual cost in place of the estimate: what the
@@ -149,7 +156,20 @@ func (l *Limiter) refund(p *policyState, e *entry, c *Charge, n int64) {
 		}
 		return
 	}
-	if e != nil && e.lease.Add(n, int64(l.cfg.now().add(l.cfg.leaseTTL))) {
+	if l.leaser.stock(p) {
+		// The record the charge's tokens came from still counts them
+		// while the lease's end is the one the charge saw: they go back
+		// into the lease under it. Else to the bucket, up to its cap.
+		if e != nil {
+			e.mu.Lock() // the lease's end moves under it (leaser.leaseFor)
+			back := e.lease.Expiry() == c.gen && l.cfg.now() < mono(c.gen) && e.lease.Add(n, c.gen)
+			e.mu.Unlock()
+			if back {
+				l.stats.tokensLeased.Add(n)
+				return
+			}
+		}
+	} else if e != nil && e.lease.Add(n, int64(l.cfg.now().add(l.cfg.leaseTTL))) {
 		l.stats.tokensLeased.Add(n)
 		return
 	}

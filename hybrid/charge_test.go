@@ -3,6 +3,7 @@ package hybrid
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -298,4 +299,31 @@ func TestStrictRefundFromALeaseDecays(t *testing.T) {
 		t.Fatalf("3.1 s after the charge the refunded key can spend %d more, want none (the merged line may keep it a little lower)", d)
 	}
 	require.Equal(t, calls, l.Stats().StoreCalls, "a store call")
+}
+
+// TestStockRefundComesBack: under stock records a charge settled at 0
+// gives its tokens back into the lease while the record that counts them
+// is the lease's (issue: a refused request charges none of its
+// descriptors), so 20 such charges on a key of 5/s all pass; settled at
+// the estimate, only the burst does.
+func TestStockRefundComesBack(t *testing.T) {
+	ctx := context.Background()
+	for _, actual := range []int64{0, 1} {
+		w := newFakeWorld()
+		l := w.limiter(t, Policy{Name: "stock-refund-" + strconv.FormatInt(actual, 10), Limit: PerSecond(5)}, lenient)
+		admitted := 0
+		for range 20 {
+			ch, err := l.ChargeN(ctx, "k", 1)
+			require.NoError(t, err)
+			if ch.Allowed {
+				admitted++
+				require.NoError(t, ch.Settle(actual))
+			}
+		}
+		want := 20
+		if actual == 1 {
+			want = 5
+		}
+		require.Equal(t, want, admitted, "settled at %d", actual)
+	}
 }

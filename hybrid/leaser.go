@@ -327,12 +327,20 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 	if err != nil {
 		return fetchOutcome{}, err
 	}
-	if res.Held {
-		// The record now counts what the lease holds until the new
-		// term, and the lease may spend it until then.
+	if req.Stock.Holder != "" {
+		// A held lease: the record now counts what the lease holds
+		// until the new term, and the lease may spend it until then.
 		// The store keeps the later of the record's end and the new
-		// term's, so the lease keeps the later of its own too.
-		e.lease.Add(0, max(int64(ls.stockUntil(start, res.Delay)), e.lease.Expiry()))
+		// term's, so the lease keeps the later of its own too. Held or
+		// not, the end moves a nanosecond at least (well within the
+		// margin), so that it tells records apart (see Limiter.refund).
+		e.mu.Lock()
+		end := e.lease.Expiry() + 1
+		if res.Held {
+			end = max(int64(ls.stockUntil(start, res.Delay)), end)
+		}
+		e.lease.Add(0, end)
+		e.mu.Unlock()
 	}
 	return ls.apply(e, p, res, req.Need, waiters, start, now), nil
 }
@@ -848,6 +856,15 @@ func (ls *leaser) release(p *policyState, e *entry) []reconcile.Item {
 	live := mono(e.lease.Expiry()) > ls.cfg.now()
 	n := e.lease.Close()
 	e.mu.Unlock()
+	if ls.stock(p) {
+		// What the record counts goes at once, not at its term: a
+		// release that no later lease of this process overtakes.
+		n += ls.pace.cancel(e)
+		e.inflow.Add(-n)
+		it := ls.returnItem(p, e, n)
+		it.Req.Stock = remote.Stock{Holder: ls.outage.id, Seq: ls.seq.Load(), Release: true}
+		return []reconcile.Item{it}
+	}
 	if n > 0 {
 		e.inflow.Add(-n)
 		if ls.strict(p) && last && live {

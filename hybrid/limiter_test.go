@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/stretchr/testify/require"
 )
@@ -218,4 +219,36 @@ func TestCloseGivesBackTheLastGrant(t *testing.T) {
 		require.Equal(t, before, level(t, w, "pair"))
 		require.Equal(t, heldB, b.Stats().TokensExpired)
 	})
+}
+
+// TestStockServesABurst: with stock records a process alone on a key of
+// 10 an hour, burst 10, admits the whole burst back to back and nothing
+// more, on the memory store and on real Redis, and a second process
+// finds nothing left (capacity grants gave a holder at most Burst/16).
+func TestStockServesABurst(t *testing.T) {
+	ctx := context.Background()
+	for name, store := range map[string]remote.Store{
+		"memory": remote.NewMemory(clock.Real()),
+		"redis":  remote.NewRedis(standaloneDial(t)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := runPolicy("stock-burst-"+name, PerHour(10))
+			mk := func() *Limiter {
+				l, err := New(store, p, quiet, lenient)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = l.Close(ctx) })
+				return l
+			}
+			a, b := mk(), mk()
+			admitted := 0
+			for range 20 {
+				if a.Allow(ctx, "k") {
+					admitted++
+				}
+			}
+			require.Equal(t, 10, admitted, "a burst of 10 in one process")
+			require.False(t, b.Allow(ctx, "k"), "a second process found tokens the first holds")
+			require.LessOrEqual(t, a.Stats().StoreCalls, int64(11))
+		})
+	}
 }

@@ -216,7 +216,13 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 		held = held && !late && !stale
 	case OpReturn:
 		if r.Stock.Holder != "" {
-			if i := st.find(r.Stock.Holder); i >= 0 && st.grants[i].seq == r.Stock.Seq {
+			switch i := st.find(r.Stock.Holder); {
+			case i < 0:
+			case r.Stock.Release:
+				if st.grants[i].seq <= r.Stock.Seq {
+					st.grants[i].stock = 0
+				}
+			case st.grants[i].seq == r.Stock.Seq:
 				st.grants[i].stock = max(st.grants[i].stock-r.N, 0)
 			}
 			st.giveBack(r.N)

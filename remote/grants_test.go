@@ -78,6 +78,9 @@ func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 					Term: time.Duration(1+r.Int64N(3000)) * time.Millisecond, Max: 1 + r.IntN(4)}
 				if op == OpReturn {
 					req.N = 1 + r.Int64N(lim.Burst)
+					if r.IntN(3) == 0 {
+						req.Stock.Release, req.N = true, r.Int64N(lim.Burst)
+					}
 				}
 			}
 			if op == OpDebit && r.IntN(3) > 0 {

@@ -467,7 +467,11 @@ func (c *argCache) scriptArgs(op Op, r *Request) (*scriptCall, error) {
 		if st := r.Stock; st.Holder != "" {
 			// Arguments 13 and 16–20 are unused by a lease or return.
 			h := c.holder(st)
-			call.cmd = append(call.cmd, h[0], 0, h[1], st.maxRecords(), 0, 0, 0, 0, 0, st.Keep, st.Seq)
+			release := 0
+			if st.Release {
+				release = 1
+			}
+			call.cmd = append(call.cmd, h[0], release, h[1], st.maxRecords(), 0, 0, 0, 0, 0, st.Keep, st.Seq)
 		}
 		if op == OpReturn && !r.FullAt.IsZero() {
 			// Arguments 12–19 are unused by a return.

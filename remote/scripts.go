@@ -33,7 +33,8 @@ const luaPrelude = lua.Prelude
 // ARGV[10] margin: ms a key outlives its time to full (TTLMargin)
 // ARGV[11] need: fewest tokens that serve the caller, at most min
 // ARGV[12] holder: the capacity-grant holder (grant, ungrant)
-// ARGV[13] running: grant units the holder runs at now (grant)
+// ARGV[13] running: grant units the holder runs at now (grant); 1 for a
+// return that releases the holder's record (Stock.Release)
 // ARGV[14] term: µs a grant lasts from this call (grant)
 // ARGV[15] maxholders: most grants the bucket keeps (grant)
 // ARGV[16] gburst: local burst a new grant takes from the level (grant)
@@ -448,7 +449,10 @@ if op == 'lease' then
   if late or stale == 1 then held = 0 end
 elseif op == 'return' and holder ~= '' then
   local mine = findrec(holder)
-  if mine and mine.q == seq then
+  if mine and running == 1 then
+    -- A release (ARGV[13] 1): the holder holds nothing more.
+    if mine.q <= seq then mine.k = 0 end
+  elseif mine and mine.q == seq then
     mine.k = mine.k - n
     if mine.k < 0 then mine.k = 0 end
   end

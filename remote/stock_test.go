@@ -87,6 +87,20 @@ func TestStockRecords(t *testing.T) {
 				require.Equal(t, int64(3), give(w, "k3", "a", 3, 7).Remaining, "a return on the record")
 				require.Equal(t, int64(3), give(w, "k3", "a", 3, 6).Remaining, "a return on another record passed the cap")
 			})
+			t.Run("a release drops the record", func(t *testing.T) {
+				w := mk(t)
+				release := func(key string, n, seq int64) Result {
+					res, err := w.s.Return(ctx, Request{Policy: "stock", Key: key, Limit: lim, Version: 1, N: n,
+						Stock: Stock{Holder: "a", Seq: seq, Release: true}})
+					require.NoError(t, err)
+					return res
+				}
+				require.Equal(t, int64(10), lease(w, "k6", "a", 10, 0, 3).Granted)
+				require.Equal(t, int64(4), release("k6", 4, 3).Remaining, "a gave 4 back and holds nothing more")
+				require.Equal(t, int64(4), lease(w, "k6", "b", 10, 0, 1).Granted)
+				require.Equal(t, int64(10), lease(w, "k7", "a", 10, 0, 3).Granted)
+				require.Zero(t, release("k7", 4, 2).Remaining, "a release older than the record's lease dropped it")
+			})
 			t.Run("a late call changes nothing", func(t *testing.T) {
 				w := mk(t)
 				require.Equal(t, int64(4), lease(w, "k4", "a", 4, 0, 5).Granted)

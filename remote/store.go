@@ -233,6 +233,11 @@ type Stock struct {
 	// Max is the most records the bucket keeps; 0 means 64. A lease past
 	// it grants at most Need, unrecorded (Result.Held is false).
 	Max int
+	// Release, for a Return, says the holder holds nothing more of the
+	// key (it closed, or forgot the key): its record goes if no lease
+	// numbered above Seq made it, and the tokens returned (N may be 0)
+	// go back up to the cap the other records leave.
+	Release bool
 }
 
 // defaultMaxStock is how many stock records a bucket keeps by default.
@@ -304,7 +309,8 @@ func validate(op Op, r *Request) (exact.Micros, error) {
 	// A debit that names its bucket's spill mark may charge 0 when the
 	// bucket cannot tell (N), as long as it spent some.
 	markedDebit := op == OpDebit && r.Mark.Born != 0 && r.Spent > 0 && r.N == 0
-	if (r.N <= 0 && !markedDebit) || r.Spent < 0 {
+	release := op == OpReturn && r.Stock.Release && r.N == 0
+	if (r.N <= 0 && !markedDebit && !release) || r.Spent < 0 {
 		return exact.Micros{}, errs.Errorf("remote", "%s %d (spent %d) on %q: %w", op, r.N, r.Spent, r.Key, local.ErrInvalidN)
 	}
 	switch op {
@@ -335,7 +341,7 @@ func validate(op Op, r *Request) (exact.Micros, error) {
 		return exact.Micros{}, errs.Errorf("remote", "unknown op %d", int(op))
 	}
 	if st := r.Stock; st.Holder != "" {
-		if op == OpDebit || r.shaped() || !r.FullAt.IsZero() {
+		if op == OpDebit || r.shaped() || !r.FullAt.IsZero() || st.Release && op != OpReturn {
 			return exact.Micros{}, errs.Errorf("remote", "%s on %q: a stock record is for a lease or return of a plain token bucket: %w", op, r.Key, ErrInvalidGrant)
 		}
 		if err := validateHolder(st.Holder); err != nil {

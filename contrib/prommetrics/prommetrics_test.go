@@ -19,7 +19,7 @@ func limiter(t testing.TB, lim hybrid.Limit) *hybrid.Limiter {
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
 	l, err := hybrid.New(remote.NewMemory(clk), hybrid.Policy{Name: "api", Limit: lim},
 		hybrid.WithClock(clk), hybrid.WithFleetSize(2), hybrid.WithMaxReservation(0), hybrid.WithLogger(slog.New(slog.DiscardHandler)),
-		hybrid.WithStrictWindows(false)) // leases sized by demand alone: the known traffic below
+		hybrid.WithStrictWindows(false)) // stock leases, sized by demand and the fleet: the known traffic below
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,10 +27,10 @@ func limiter(t testing.TB, lim hybrid.Limit) *hybrid.Limiter {
 	return l
 }
 
-// TestCollectorOnKnownTraffic: 5 decisions on a burst of 3: the first
-// admitted after a store call for its token; the second, back at once,
-// after a call that keeps a token for the third, admitted from the lease;
-// 2 rejected, from the store's first refusal then its cached answer.
+// TestCollectorOnKnownTraffic: 5 decisions on a burst of 3: 3 admitted
+// after a store call each (a stock lease in a fleet of 2 asks at most
+// Burst/4, here the one token the decision needs); 2 rejected, from the
+// store's first refusal then its cached answer.
 func TestCollectorOnKnownTraffic(t *testing.T) {
 	l := limiter(t, hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 3})
 	for i := 0; i < 5; i++ {
@@ -43,8 +43,8 @@ func TestCollectorOnKnownTraffic(t *testing.T) {
 leasehold_decisions_total{outcome="admitted",policy="api",source="degraded"} 0
 leasehold_decisions_total{outcome="admitted",policy="api",source="fail-closed"} 0
 leasehold_decisions_total{outcome="admitted",policy="api",source="fail-open"} 0
-leasehold_decisions_total{outcome="admitted",policy="api",source="lease"} 1
-leasehold_decisions_total{outcome="admitted",policy="api",source="remote"} 2
+leasehold_decisions_total{outcome="admitted",policy="api",source="lease"} 0
+leasehold_decisions_total{outcome="admitted",policy="api",source="remote"} 3
 leasehold_decisions_total{outcome="rejected",policy="api",source="degraded"} 0
 leasehold_decisions_total{outcome="rejected",policy="api",source="fail-closed"} 0
 leasehold_decisions_total{outcome="rejected",policy="api",source="fail-open"} 0
@@ -58,20 +58,20 @@ leasehold_fleet_size{policy="api"} 2
 leasehold_keys_tracked{policy="api"} 1
 # HELP leasehold_lease_size_tokens Tokens each lease grant brought.
 # TYPE leasehold_lease_size_tokens histogram
-leasehold_lease_size_tokens_bucket{policy="api",le="1"} 1
-leasehold_lease_size_tokens_bucket{policy="api",le="2"} 2
-leasehold_lease_size_tokens_bucket{policy="api",le="5"} 2
-leasehold_lease_size_tokens_bucket{policy="api",le="10"} 2
-leasehold_lease_size_tokens_bucket{policy="api",le="20"} 2
-leasehold_lease_size_tokens_bucket{policy="api",le="50"} 2
-leasehold_lease_size_tokens_bucket{policy="api",le="100"} 2
-leasehold_lease_size_tokens_bucket{policy="api",le="200"} 2
-leasehold_lease_size_tokens_bucket{policy="api",le="500"} 2
-leasehold_lease_size_tokens_bucket{policy="api",le="1000"} 2
-leasehold_lease_size_tokens_bucket{policy="api",le="10000"} 2
-leasehold_lease_size_tokens_bucket{policy="api",le="+Inf"} 2
+leasehold_lease_size_tokens_bucket{policy="api",le="1"} 3
+leasehold_lease_size_tokens_bucket{policy="api",le="2"} 3
+leasehold_lease_size_tokens_bucket{policy="api",le="5"} 3
+leasehold_lease_size_tokens_bucket{policy="api",le="10"} 3
+leasehold_lease_size_tokens_bucket{policy="api",le="20"} 3
+leasehold_lease_size_tokens_bucket{policy="api",le="50"} 3
+leasehold_lease_size_tokens_bucket{policy="api",le="100"} 3
+leasehold_lease_size_tokens_bucket{policy="api",le="200"} 3
+leasehold_lease_size_tokens_bucket{policy="api",le="500"} 3
+leasehold_lease_size_tokens_bucket{policy="api",le="1000"} 3
+leasehold_lease_size_tokens_bucket{policy="api",le="10000"} 3
+leasehold_lease_size_tokens_bucket{policy="api",le="+Inf"} 3
 leasehold_lease_size_tokens_sum{policy="api"} 3
-leasehold_lease_size_tokens_count{policy="api"} 2
+leasehold_lease_size_tokens_count{policy="api"} 3
 # HELP leasehold_mode 1 for the limiter's current mode.
 # TYPE leasehold_mode gauge
 leasehold_mode{mode="degraded",policy="api"} 0
@@ -82,7 +82,7 @@ leasehold_mode{mode="recovering",policy="api"} 0
 leasehold_policy_version{policy="api"} 1
 # HELP leasehold_store_calls_total Store round trips (a batch counts once per request in it).
 # TYPE leasehold_store_calls_total counter
-leasehold_store_calls_total{policy="api"} 3
+leasehold_store_calls_total{policy="api"} 4
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "leasehold_decisions_total", "leasehold_fleet_size",
 		"leasehold_keys_tracked", "leasehold_lease_size_tokens", "leasehold_mode", "leasehold_policy_version",

@@ -237,7 +237,8 @@ func grantShare(t *testing.T, c *redis.Client, holder string) units {
 
 // grantShares reads every holder's share from the one grants record in
 // the world's Redis (remote/scripts.go: "frac|holder share burst expiry
-// want|...").
+// want stock seq|...", the last two absent in records written before
+// stock records).
 func grantShares(c *redis.Client) (map[string]units, error) {
 	ctx := context.Background()
 	names, err := c.Keys(ctx, "*:grants").Result()
@@ -251,7 +252,7 @@ func grantShares(c *redis.Client) (map[string]units, error) {
 	shares := map[string]units{}
 	for _, part := range strings.Split(rec, "|")[1:] {
 		f := strings.Fields(part)
-		if len(f) != 5 {
+		if len(f) != 5 && len(f) != 7 {
 			return nil, fmt.Errorf("grants record %q: part %q", rec, part)
 		}
 		n, err := strconv.ParseInt(f[1], 10, 64)
