@@ -106,10 +106,7 @@ type Stats struct {
 
 // NewServer returns a server of cfg's rules on store.
 func NewServer(store remote.Store, cfg *Config, opts ...Option) (*Server, error) {
-	// Stock leases: the store counts what each replica holds until its
-	// term, so a refused request's other descriptors get their charges
-	// back at once (Charge.Settle) and every window keeps the bound.
-	s := &Server{store: store, logger: slog.Default(), limiterOpts: []hybrid.Option{hybrid.WithStrictWindows(false)}}
+	s := &Server{store: store, logger: slog.Default()}
 	for _, o := range opts {
 		o(s)
 	}
