@@ -197,7 +197,7 @@ func TestReferenceBehaviours(t *testing.T) {
 	// Giving back a refused request's charges (and a check's hit) rests
 	// on hybrid's Charge.Settle, which under decaying leases (the
 	// default) gives nothing back when settled at once; those cases run
-	// on leases that keep their tokens (see doc.go).
+	// on stock leases, which take a charge settled at once back.
 	keep := []Option{WithLimiterOptions(hybrid.WithStrictWindows(false))}
 	for _, tc := range []struct {
 		name  string
