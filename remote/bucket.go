@@ -197,35 +197,10 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 	var held bool
 	switch op {
 	case OpLease:
-		rr, mine, late := *r, -1, false
-		if h := r.Stock.Holder; h != "" {
-			mine = st.find(h)
-			late = mine >= 0 && r.Stock.Seq <= st.grants[mine].seq
-			held = mine >= 0 || int64(len(st.grants)) < r.Stock.maxRecords()
-			if !held {
-				rr.N, rr.Min, rr.MaxDelay = rr.Need, rr.Need, 0
-			}
-		}
-		if !stale && !late {
-			granted, delay, retry = st.lease(&rr, now)
-		}
-		st.level -= granted
-		if held && !stale && !late {
-			st.record(r, mine, granted, delay, now)
-		}
-		held = held && !late && !stale
+		granted, delay, retry, held = st.leaseHeld(r, stale, now)
 	case OpReturn:
 		if r.Stock.Holder != "" {
-			switch i := st.find(r.Stock.Holder); {
-			case i < 0:
-			case r.Stock.Release:
-				if st.grants[i].seq <= r.Stock.Seq {
-					st.grants[i].stock = 0
-				}
-			case st.grants[i].seq == r.Stock.Seq:
-				st.grants[i].stock = max(st.grants[i].stock-r.N, 0)
-			}
-			st.giveBack(r.N)
+			st.returnHeld(r)
 			break
 		}
 		if st.unchangedSince(r, now) {
@@ -271,6 +246,46 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 		Mark:       SpillMark{Born: int64(st.born), Spill: st.spill},
 		Held:       held,
 	}
+}
+
+// leaseHeld decides a lease r on the refilled bucket, under its holder's
+// record when it names one (see Stock): a late call grants nothing, and
+// past the records the bucket keeps a lease grants at most Need and
+// reports held false. The lease branch of bucketLua.
+func (st *state) leaseHeld(r *Request, stale bool, now micros) (granted, delay, retry int64, held bool) {
+	rr, mine, late := *r, -1, false
+	if h := r.Stock.Holder; h != "" {
+		mine = st.find(h)
+		late = mine >= 0 && r.Stock.Seq <= st.grants[mine].seq
+		held = mine >= 0 || int64(len(st.grants)) < r.Stock.maxRecords()
+		if !held {
+			rr.N, rr.Min, rr.MaxDelay = rr.Need, rr.Need, 0
+		}
+	}
+	if !stale && !late {
+		granted, delay, retry = st.lease(&rr, now)
+	}
+	st.level -= granted
+	if held && !stale && !late {
+		st.record(r, mine, granted, delay, now)
+	}
+	return granted, delay, retry, held && !late && !stale
+}
+
+// returnHeld gives r.N tokens back, up to the cap, for r's holder: off
+// its record when r names the record's lease, or all of it for a
+// release no later lease overtook.
+func (st *state) returnHeld(r *Request) {
+	switch i := st.find(r.Stock.Holder); {
+	case i < 0:
+	case r.Stock.Release:
+		if st.grants[i].seq <= r.Stock.Seq {
+			st.grants[i].stock = 0
+		}
+	case st.grants[i].seq == r.Stock.Seq:
+		st.grants[i].stock = max(st.grants[i].stock-r.N, 0)
+	}
+	st.giveBack(r.N)
 }
 
 // record counts a lease's granted tokens, future-dated by delay, under

@@ -340,17 +340,8 @@ func validate(op Op, r *Request) (exact.Micros, error) {
 	default:
 		return exact.Micros{}, errs.Errorf("remote", "unknown op %d", int(op))
 	}
-	if st := r.Stock; st.Holder != "" {
-		if op == OpDebit || r.shaped() || !r.FullAt.IsZero() || st.Release && op != OpReturn {
-			return exact.Micros{}, errs.Errorf("remote", "%s on %q: a stock record is for a lease or return of a plain token bucket: %w", op, r.Key, ErrInvalidGrant)
-		}
-		if err := validateHolder(st.Holder); err != nil {
-			return exact.Micros{}, err
-		}
-		if st.Keep < 0 || st.Keep > m.Burst || st.Seq < 0 || st.Seq > int64(MaxVersion) || st.Max < 0 || st.Max > 1024 ||
-			op == OpLease && (st.Term < time.Millisecond || st.Term > 24*time.Hour) {
-			return exact.Micros{}, errs.Errorf("remote", "%s on %q: keep %d, seq %d, term %v, max %d: %w", op, r.Key, st.Keep, st.Seq, st.Term, st.Max, ErrInvalidGrant)
-		}
+	if err := validateStock(op, r, m); err != nil {
+		return exact.Micros{}, err
 	}
 	if !r.FullAt.IsZero() && (op != OpReturn || r.shaped()) {
 		return exact.Micros{}, errs.Errorf("remote", "%s on %q: full-at is for a return to a plain token bucket: %w", op, r.Key, ErrInvalidPolicy)
@@ -388,4 +379,24 @@ func (s Stock) maxRecords() int64 {
 		return defaultMaxStock
 	}
 	return int64(s.Max)
+}
+
+// validateStock checks r's stock record, if it names one, for op under
+// limit m.
+func validateStock(op Op, r *Request, m exact.Micros) error {
+	st := r.Stock
+	if st.Holder == "" {
+		return nil
+	}
+	if op == OpDebit || r.shaped() || !r.FullAt.IsZero() || st.Release && op != OpReturn {
+		return errs.Errorf("remote", "%s on %q: a stock record is for a lease or return of a plain token bucket: %w", op, r.Key, ErrInvalidGrant)
+	}
+	if err := validateHolder(st.Holder); err != nil {
+		return err
+	}
+	if st.Keep < 0 || st.Keep > m.Burst || st.Seq < 0 || st.Seq > int64(MaxVersion) || st.Max < 0 || st.Max > 1024 ||
+		op == OpLease && (st.Term < time.Millisecond || st.Term > 24*time.Hour) {
+		return errs.Errorf("remote", "%s on %q: keep %d, seq %d, term %v, max %d: %w", op, r.Key, st.Keep, st.Seq, st.Term, st.Max, ErrInvalidGrant)
+	}
+	return nil
 }
