@@ -605,20 +605,12 @@ func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, waiters i
 	case res.Delay <= 0 && ls.stock(p) && res.Held:
 		// Counted under the record until its term: the lease's expiry
 		// was moved there as the reply came (see leaseFor).
-		ls.stats.tokensLeased.Add(res.Granted)
-		if e.lease.Add(res.Granted, e.lease.Expiry()) {
-			e.inflow.Add(res.Granted)
-		} else {
-			ls.giveBack(e, res.Granted)
-		}
+		ls.deposit(e, res.Granted, mono(e.lease.Expiry()), now)
 		return fetchOutcome{deposited: true, at: now}
 	case res.Delay <= 0 && ls.stock(p):
 		// Past the records the bucket keeps: the waiting callers' tokens
 		// are theirs at once, and nothing is held.
-		hand := min(res.Granted, waiters)
-		ls.stats.tokensLeased.Add(hand)
-		e.misses.Add(-hand)
-		e.inflow.Add(hand)
+		hand := ls.handOut(e, res.Granted, waiters)
 		if rest := res.Granted - hand; rest > 0 {
 			ls.settle.later(ls.returnItem(p, e, rest))
 		}
@@ -630,13 +622,7 @@ func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, waiters i
 		// The waiting callers' tokens are theirs at once: the store
 		// admitted them when it granted them. The rest lives only as
 		// long as the bucket takes to refill.
-		hand := min(res.Granted, waiters)
-		ls.stats.tokensLeased.Add(hand)
-		// Into the key's books as leased, then spent; their callers'
-		// demand moves from misses to what the lease took in, in an
-		// order that never counts it twice (see demand.observe).
-		e.misses.Add(-hand)
-		e.inflow.Add(hand)
+		hand := ls.handOut(e, res.Granted, waiters)
 		if rest := res.Granted - hand; rest > 0 {
 			var from storeMicros // a bucket that keeps grants takes no conditional return
 			if res.Holders == 0 {
@@ -720,18 +706,15 @@ func (ls *leaser) deposit(e *entry, n int64, until, now mono) { ls.depositFrom(e
 func (ls *leaser) depositFrom(e *entry, n int64, until, now mono, from storeMicros) {
 	ls.stats.tokensLeased.Add(n)
 	p := ls.policy.load()
-	if ls.stock(p) {
-		// Tokens of a future-dated lease, due now: spendable until the
-		// latest record's term, which counts them (its Keep did).
-		if e.lease.Add(n, min(int64(until), e.lease.Expiry())) {
-			e.inflow.Add(n)
-			return
-		}
-		ls.giveBack(e, n)
-		return
-	}
 	if !ls.strict(p) {
-		if e.lease.Add(n, int64(now.add(ls.cfg.leaseTTL))) {
+		end := int64(now.add(ls.cfg.leaseTTL))
+		if ls.stock(p) {
+			// Spendable until the latest record's term at most, which
+			// counts them (a future-dated lease's tokens, due now: its
+			// Keep did).
+			end = min(int64(until), e.lease.Expiry())
+		}
+		if e.lease.Add(n, end) {
 			e.inflow.Add(n)
 			return
 		}
@@ -755,6 +738,20 @@ func (ls *leaser) depositFrom(e *entry, n int64, until, now mono, from storeMicr
 	if !ok {
 		ls.giveBack(e, n)
 	}
+}
+
+// handOut gives the callers waiting on e's flight their tokens of a
+// grant of granted at once, at most waiters: the store admitted them as
+// it granted them. It returns how many.
+func (ls *leaser) handOut(e *entry, granted, waiters int64) int64 {
+	hand := min(granted, waiters)
+	ls.stats.tokensLeased.Add(hand)
+	// Into the key's books as leased, then spent; their callers' demand
+	// moves from misses to what the lease took in, in an order that
+	// never counts it twice (see demand.observe).
+	e.misses.Add(-hand)
+	e.inflow.Add(hand)
+	return hand
 }
 
 // lineStep is the nanoseconds per token a decaying lease's line falls
