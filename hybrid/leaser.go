@@ -434,8 +434,8 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 }
 
 // stock reports whether leases under p are counted under this process's
-// record at the store until their term (a token bucket on a store that
-// keeps records, without WithStrictWindows).
+// record at the store until their term (a token bucket, without
+// WithStrictWindows, on a store that is not a region's).
 func (ls *leaser) stock(p *policyState) bool { return ls.cfg.stock && !p.shaped }
 
 // stockGrace is how long the store counts a lease's record past the
@@ -444,10 +444,11 @@ func (ls *leaser) stock(p *policyState) bool { return ls.cfg.stock && !p.shaped 
 // only unreported tokens (a crash, a cut) are counted the longer.
 const stockGrace = time.Second
 
-// paced reports whether leases under p may be future-dated (a token
-// bucket, WithMaxReservation above 0, and no stock records: a
-// future-dated lease would hold its record's room before its tokens are
-// due, and a key at its limit holds flow instead).
+// paced reports whether leases under p may be future-dated: a token
+// bucket with WithMaxReservation above 0. Under stock records a
+// future-dated lease holds its record's room before its tokens are due,
+// so contendedShare asks for one only on a dry key, and request caps it
+// at stockShare.
 func (ls *leaser) paced(p *policyState) bool {
 	return ls.cfg.maxDelay > 0 && !p.shaped
 }
