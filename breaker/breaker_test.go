@@ -3,12 +3,14 @@ package breaker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/hooks"
 	"github.com/leasehold/leasehold/local"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/sony/gobreaker/v2"
@@ -18,6 +20,7 @@ import (
 type fake struct {
 	remote.Store
 	down  atomic.Bool
+	full  atomic.Bool // down says out of memory
 	delay atomic.Int64
 	calls atomic.Int64
 }
@@ -26,6 +29,9 @@ func (f *fake) Lease(ctx context.Context, r remote.Request) (remote.Result, erro
 	f.calls.Add(1)
 	time.Sleep(time.Duration(f.delay.Load())) // simulated store latency
 	if f.down.Load() {
+		if f.full.Load() {
+			return remote.Result{}, fmt.Errorf("%w: %w: %w", remote.ErrUnavailable, remote.ErrUnreachable, hooks.ErrFull)
+		}
 		return remote.Result{}, remote.ErrUnavailable
 	}
 	return f.Store.Lease(ctx, r)
@@ -470,5 +476,78 @@ func TestInflightOverdue(t *testing.T) {
 				t.Fatal("overdue with nothing in flight")
 			}
 		})
+	}
+}
+
+// TestOutOfMemoryNeedsAStreak: a store that failed out of memory closes
+// the breaker only after probesToClose good probes in a row, probeSpacing
+// apart on the breaker's clock; a failure among them starts the streak
+// again. Each good probe's answer reaches its caller, and calls between
+// probes are refused without reaching the store.
+func TestOutOfMemoryNeedsAStreak(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	f := &fake{Store: remote.NewMemory(clk)}
+	s := NewStore(f, Settings{Clock: clk, Breaker: gobreaker.Settings{Timeout: 50 * time.Millisecond}})
+	ctx := context.Background()
+	f.full.Store(true)
+	f.down.Store(true)
+	if _, err := s.Lease(ctx, req); !errors.Is(err, hooks.ErrFull) {
+		t.Fatalf("first failure: %v, want ErrFull", err)
+	}
+	if got := s.State(); got != gobreaker.StateOpen {
+		t.Fatalf("after an out-of-memory failure: %v, want open", got)
+	}
+	clk.Advance(50 * time.Millisecond)
+	f.down.Store(false)
+	probe := func(want error) {
+		t.Helper()
+		calls := f.calls.Load()
+		if _, err := s.Lease(ctx, req); !errors.Is(err, want) && !(want == nil && err == nil) {
+			t.Fatalf("probe: %v, want %v", err, want)
+		}
+		if f.calls.Load() != calls+1 {
+			t.Fatal("the probe did not reach the store")
+		}
+		if want == nil && s.State() != gobreaker.StateClosed {
+			calls = f.calls.Load()
+			clk.Advance(probeSpacing - time.Millisecond)
+			if _, err := s.Lease(ctx, req); !errors.Is(err, ErrOpen) || f.calls.Load() != calls {
+				t.Fatalf("a call within probeSpacing of a probe: %v, %d store calls; want ErrOpen and none", err, f.calls.Load()-calls)
+			}
+			clk.Advance(time.Millisecond)
+		}
+	}
+	for range probesToClose - 1 {
+		probe(nil)
+		if got := s.State(); got == gobreaker.StateClosed {
+			t.Fatal("closed before the streak was long enough")
+		}
+	}
+	f.down.Store(true)
+	probe(remote.ErrUnavailable)
+	clk.Advance(time.Second)
+	f.down.Store(false)
+	for i := range probesToClose {
+		if got := s.State(); got == gobreaker.StateClosed {
+			t.Fatalf("closed after %d good probes since a failure, want %d", i, probesToClose)
+		}
+		probe(nil)
+	}
+	if got := s.State(); got != gobreaker.StateClosed {
+		t.Fatalf("after %d good probes in a row: %v, want closed", probesToClose, got)
+	}
+	// Closed, the store is an ordinary one again: a later plain failure
+	// and one good probe close it.
+	f.full.Store(false)
+	f.down.Store(true)
+	for range 3 {
+		_, _ = s.Lease(ctx, req)
+	}
+	clk.Advance(time.Second)
+	f.down.Store(false)
+	probe(nil)
+	if got := s.State(); got != gobreaker.StateClosed {
+		t.Fatalf("after a plain outage and a good probe: %v, want closed", got)
 	}
 }

@@ -658,3 +658,85 @@ func TestHungRedisDetected(t *testing.T) {
 		t.Fatalf("%d errors", during.errors.Load())
 	}
 }
+
+// TestOOMFilledDoesNotFlap: the usual out-of-memory Redis, filled with
+// data under maxmemory 2mb and noeviction, not a maxmemory below what it
+// uses. Such a Redis lets some small writes through again as client
+// buffers free, so an occasional lease succeeds while most fail. Two
+// limiters × 8 goroutines, one decision a millisecond each, on one key of
+// 1 000/s burst 100: after 1.2 s of warm-up, SETs of 8 KiB fill the
+// memory until one fails with OOM, and the load goes on for 4 s. Each
+// limiter changes mode at most twice (it must not take a stray success
+// for recovery and go back), and the fleet admits within
+// Burst + Rate·t + Burst over the run (the extra Burst: the degraded
+// shares start as the bucket stops counting).
+func TestOOMFilledDoesNotFlap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("5 s of OOM")
+	}
+	t.Parallel()
+	limit := PerSecond(1000)
+	c, lims, counters := oomFleet(t, limit)
+	bg := context.Background()
+	require.NoError(t, c.ConfigSet(bg, "maxmemory", "2mb").Err())
+	var all tally
+	ctx, cancel := context.WithCancel(bg)
+	start := time.Now()
+	done := paced(ctx, lims, 8, 1000, "oom-filled", func(_ time.Time, d Decision, err error, took time.Duration) { all.record(d, err, took) })
+	time.Sleep(1200 * time.Millisecond)
+	value := strings.Repeat("x", 8<<10)
+	filled := 0
+	for ; ; filled++ {
+		err := c.Set(bg, fmt.Sprintf("fill:%d", filled), value, 0).Err()
+		if err != nil {
+			require.ErrorContains(t, err, "OOM")
+			break
+		}
+		require.Less(t, filled, 1<<12, "2mb never filled")
+	}
+	// The application goes on writing, as one does: each freed byte is
+	// taken again, and only some small writes get through.
+	fillCtx, stopFill := context.WithCancel(bg)
+	fillDone := make(chan struct{})
+	go func() {
+		defer close(fillDone)
+		for i := filled + 1; fillCtx.Err() == nil; i++ {
+			_ = c.Set(fillCtx, fmt.Sprintf("fill:%d", i), value, 0).Err()
+		}
+	}()
+	// A small write every 10 ms, to show the state the limiters ran in.
+	var probes, refused, streak, longest int
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		probes++
+		if c.Set(bg, "probe", "x", 0).Err() != nil {
+			refused++
+			streak = 0
+		} else {
+			streak++
+			longest = max(longest, streak)
+		}
+	}
+	t.Logf("small writes refused in the 4 s: %d of %d, the longest run of good ones %d (10 ms apart)", refused, probes, longest)
+	stopFill()
+	<-fillDone
+	cancel()
+	done.Wait()
+	elapsed := time.Since(start)
+	bound := float64(2*limit.Burst) + float64(limit.Rate)*elapsed.Seconds()
+	t.Logf("filled with %d values of 8 KiB; %d admitted of %d offered in %v, bound %.0f (%.2f%%)", filled,
+		all.admitted.Load(), all.offered.Load(), elapsed.Round(time.Millisecond), bound, 100*float64(all.admitted.Load())/bound)
+	if float64(all.admitted.Load()) > bound {
+		t.Errorf("admitted %d > Burst + Rate·t + Burst = %.0f", all.admitted.Load(), bound)
+	}
+	for i, mc := range counters {
+		n := mc.count("degraded") + mc.count("recovering") + mc.count("healthy")
+		t.Logf("limiter %d: %d changes (to degraded %d, recovering %d, healthy %d); store errors %d of %d calls", i, n,
+			mc.count("degraded"), mc.count("recovering"), mc.count("healthy"), lims[i].Stats().StoreErrors, lims[i].Stats().StoreCalls)
+		if n > 2 {
+			t.Errorf("limiter %d changed mode %d times, want at most 2", i, n)
+		}
+	}
+	if all.errors.Load() != 0 {
+		t.Fatalf("%d errors", all.errors.Load())
+	}
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/hooks"
 	"github.com/leasehold/leasehold/internal/keys"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 	"github.com/leasehold/leasehold/local"
@@ -505,6 +506,31 @@ func TestScriptFlushBetweenCalls(t *testing.T) {
 }
 
 func flush(t *testing.T, c redis.UniversalClient) { redistest.FlushScripts(t, c) }
+
+// TestOutOfMemoryIsMarked: a real Redis out of memory under noeviction
+// refuses a lease with OOM, which the store reports as unavailable and
+// unreachable, and marked hooks.ErrFull for the breaker's probation.
+// Other failures are not marked.
+func TestOutOfMemoryIsMarked(t *testing.T) {
+	srv := redistest.NewServer(t, "--maxmemory-policy", "noeviction")
+	c := srv.Client(t)
+	ctx := context.Background()
+	s := NewRedis(c)
+	req := Request{Policy: "p", Key: "oom", Limit: slow10, N: 1}
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
+	_, err := s.Lease(ctx, req)
+	for _, want := range []error{ErrUnavailable, ErrUnreachable, hooks.ErrFull} {
+		require.ErrorIs(t, err, want)
+	}
+	require.ErrorContains(t, err, "OOM")
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "0").Err())
+	_, err = s.Lease(ctx, req)
+	require.NoError(t, err)
+	require.NoError(t, srv.Kill())
+	_, err = s.Lease(ctx, req)
+	require.ErrorIs(t, err, ErrUnreachable)
+	require.NotErrorIs(t, err, hooks.ErrFull)
+}
 
 func TestCheckClient(t *testing.T) {
 	bad := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/exact"
+	"github.com/leasehold/leasehold/internal/hooks"
 	"github.com/leasehold/leasehold/internal/redisopts"
 	"io"
 	"net"
@@ -508,11 +509,19 @@ func classify(key string, err error) error {
 	if redis.HasErrorPrefix(err, "LEASEHOLD_CORRUPT") {
 		return errs.Errorf("remote", "key %q: %w: %w", key, ErrCorruptState, err)
 	}
+	if redis.HasErrorPrefix(err, "OOM") {
+		return errs.Errorf("remote", "key %q: %w: %w: %w", key, ErrUnavailable, ErrUnreachable, fullError{err})
+	}
 	if unreachable(err) {
 		return errs.Errorf("remote", "key %q: %w: %w: %w", key, ErrUnavailable, ErrUnreachable, err)
 	}
 	return errs.Errorf("remote", "key %q: %w: %w", key, ErrUnavailable, err)
 }
+
+// fullError is a Redis OOM reply, marked hooks.ErrFull as well.
+type fullError struct{ error }
+
+func (e fullError) Unwrap() []error { return []error{e.error, hooks.ErrFull} }
 
 // unreachable reports errors that say the server is down, not slow: a
 // refused, reset or closed connection, or a server that refuses to serve.

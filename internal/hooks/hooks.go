@@ -5,8 +5,15 @@ package hooks
 
 import (
 	"context"
+	"errors"
 	"time"
 )
+
+// ErrFull marks a store failure where the server refused a write for
+// want of memory (Redis OOM). Package remote wraps it into such errors;
+// package breaker wants more proof that such a store is back (a full
+// Redis lets writes through in spells as its clients free memory).
+var ErrFull = errors.New("store out of memory")
 
 // ReportTimeout tells the circuit breaker of a *breaker.Store that a caller
 // gave up waiting for the store. Set by package breaker.
