@@ -125,7 +125,8 @@ soak: redis
 # and after the change and put both tables in the note; the last run's
 # table is in benchmarks/results/figures.txt.
 # LEASEHOLD_FIGURES_VARIANT=capacity runs every limiter with capacity
-# leases, to benchmarks/results/figures-capacity.txt.
+# leases, to benchmarks/results/figures-capacity.txt; =stock with stock
+# records, =stockflow with both.
 FIGURES_OUT = benchmarks/results/figures$(if $(LEASEHOLD_FIGURES_VARIANT),-$(LEASEHOLD_FIGURES_VARIANT)).txt
 figures: redis
 	mkdir -p benchmarks/results

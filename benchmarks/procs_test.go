@@ -120,8 +120,8 @@ func helperMain() bool {
 		return false
 	}
 	run := func() error { return runHelper(impl) }
-	if impl == "util" {
-		run = runUtilHelper
+	if impl == "util" || impl == "util-redis_rate" {
+		run = func() error { return runUtilHelper(impl == "util-redis_rate") }
 	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
