@@ -32,6 +32,7 @@ type holding struct {
 	until   mono          // stop spending then: before the store's expiry
 	version uint64        // the policy version it was granted under
 	admits  atomic.Int64  // decisions it admitted
+	tokens  atomic.Int64  // tokens it admitted, for the key's demand
 }
 
 // take decides n on the grant at now; decided is false once the grant has
@@ -46,6 +47,7 @@ func (h *holding) take(now mono, n int64) (res local.Result, decided bool) {
 	}
 	if res.Allowed {
 		h.admits.Add(1)
+		h.tokens.Add(n)
 	}
 	return res, true
 }
@@ -100,7 +102,8 @@ type grantState struct {
 	timer     clock.Timer  // the next renewal; under entry.mu
 	nextAt    atomicMono   // when the next renewal is due
 	answers   atomic.Int32 // grant calls answered since the key began asking
-	admits    atomic.Int64
+	admits    atomic.Int64 // decisions and tokens the replaced grants admitted
+	tokens    atomic.Int64
 }
 
 // grantWait is until when a decision the lease cannot serve on e waits
@@ -258,7 +261,10 @@ func (c *capacity) request(e *entry, p *policyState, cur *holding) remote.GrantR
 	t := p.tier(e)
 	lim := t.limits[0]
 	e.mu.Lock()
-	rate := float64(e.demand.rate)
+	// The sustained demand, not the fast-attack one that sizes leases: a
+	// grant is a part of the rate for a term, and one burst asked for
+	// as a rate took the whole of it.
+	rate := float64(e.demand.mean)
 	e.mu.Unlock()
 	perSec := float64(lim.Rate) / lim.Period.Seconds()
 	want := int64(math.Ceil(rate * grantHeadroom / perSec * remote.GrantUnits))
@@ -295,7 +301,7 @@ func (c *capacity) ask(e *entry) {
 		// A holder leases nothing: its demand is what the grant admitted
 		// and refused.
 		e.mu.Lock()
-		rate := e.demand.observe(c.cfg.now(), e.consumed()+e.misses.Load()+g.admits.Load()+cur.admits.Load())
+		rate := e.demand.observe(c.cfg.now(), e.demandCount())
 		e.mu.Unlock()
 		c.consider(e, p, rate, c.cfg.now())
 	}
@@ -481,6 +487,7 @@ func (c *capacity) install(e *entry, p *policyState, cur *holding, g remote.Gran
 	if c.policy.load().Version != p.Version {
 		if gs.held.CompareAndSwap(h, nil) {
 			gs.admits.Add(h.admits.Load())
+			gs.tokens.Add(h.tokens.Load())
 		}
 		return false
 	}
@@ -494,6 +501,7 @@ func (g *grantState) replace(h *holding) *holding {
 	old := g.held.Swap(h)
 	if old != nil {
 		g.admits.Add(old.admits.Load())
+		g.tokens.Add(old.tokens.Load())
 	}
 	return old
 }
@@ -561,6 +569,19 @@ func (e *entry) grantAdmits() int64 {
 	n := r.grant.admits.Load()
 	if h := r.grant.held.Load(); h != nil {
 		n += h.admits.Load()
+	}
+	return n
+}
+
+// grantTokens is how many tokens e's grants admitted.
+func (e *entry) grantTokens() int64 {
+	r := e.rare.Load()
+	if r == nil {
+		return 0
+	}
+	n := r.grant.tokens.Load()
+	if h := r.grant.held.Load(); h != nil {
+		n += h.tokens.Load()
 	}
 	return n
 }

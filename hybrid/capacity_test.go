@@ -136,3 +136,47 @@ func TestHolderLeasesNothing(t *testing.T) {
 	require.NotEqual(t, SourceGrant, d.Source, "%+v", d)
 	require.Greater(t, l.Stats().StoreCalls, calls, "n past the grant's burst made no store call")
 }
+
+// TestDemandIsCountedOneWay: a key's demand estimate is fed by the lease
+// sizing and by each grant renewal, and both must count the same thing:
+// tokens. Renewals used to count a grant's admissions in decisions on
+// top of what the lease sizing counted, so the count the estimate saw
+// jumped at each renewal and fell back at the next sizing: a holder
+// asking 300 tokens a second asked for the whole rate (4 holders at
+// 0.9× a key's limit wanted 1 024, 922, 256 and 231 units where their
+// demand was 230 each).
+func TestDemandIsCountedOneWay(t *testing.T) {
+	w := newFakeWorld()
+	p := Policy{Name: "demand", Limit: PerSecond(1000)}
+	l := w.limiter(t, p, WithCapacityLeases(15*time.Second))
+	ctx := context.Background()
+	require.True(t, l.Allow(ctx, "hot"))
+	e := l.keys.load("hot")
+	e.extra().grant.hotFrom.Store(1)
+	l.grants.ask(e)
+	require.NotNil(t, e.held(), "no grant after the ask")
+	const n, every = 3, 10 * time.Millisecond // 300 tokens a second
+	for step := range 300 {
+		w.clk.Advance(every)
+		d, err := l.AllowN(ctx, "hot", n)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "step %d: %+v", step, d)
+		l.leaser.sizeLease(e, l.policy.load(), 0, l.cfg.now())
+		if step%10 == 9 {
+			l.grants.ask(e)
+		}
+	}
+	e.mu.Lock()
+	rate, mean := float64(e.demand.rate), float64(e.demand.mean)
+	e.mu.Unlock()
+	t.Logf("demand rate %.0f, mean %.0f tokens/s; %d decisions by grants", rate, mean, e.grantAdmits())
+	// The mean is what a renewal asks for (the fast-attack rate sizes
+	// leases, and keeps a burst for a while).
+	if mean < 250 || mean > 350 {
+		t.Errorf("demand mean %.0f tokens/s, want about 300", mean)
+	}
+	req := l.grants.request(e, l.policy.load(), e.held())
+	if want := int64(math.Ceil(300 * grantHeadroom / 1000 * remote.GrantUnits)); req.Want > want*6/5 {
+		t.Errorf("a renewal wants %d units, want about %d (300 of 1 000/s, with headroom)", req.Want, want)
+	}
+}

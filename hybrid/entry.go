@@ -314,6 +314,15 @@ func (e *entry) consumed() int64 {
 	return e.inflow.Load() - e.lease.Tokens()
 }
 
+// demandCount is the count the key's demand estimate follows, in tokens:
+// spent from the lease and from grants, and asked for on the slow path.
+// The lease sizing and grant renewals both observe it; a count that
+// differed between them made the estimate jump at every renewal
+// (TestDemandIsCountedOneWay).
+func (e *entry) demandCount() int64 {
+	return e.consumed() + e.misses.Load() + e.grantTokens()
+}
+
 // idleSweep records a sweep of e that saw activity count activity, or
 // found it busy, and returns for how many sweeps in a row e has been idle
 // (0: active since the last). The count and the activity's low 12 bits

@@ -78,7 +78,7 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int6
 	// calls for 20 decisions.
 	last, seen := e.demand.observed()
 	back := seen && now.sub(last) <= ls.cfg.leaseTTL/2
-	rate := e.demand.observe(now, e.consumed()+e.misses.Load())
+	rate := e.demand.observe(now, e.demandCount())
 	e.mu.Unlock()
 	if ls.grants != nil {
 		ls.grants.consider(e, p, rate, now)
