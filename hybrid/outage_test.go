@@ -259,3 +259,49 @@ func TestSlowStoreAtLimitKeepsBound(t *testing.T) {
 		t.Fatalf("admitted %d > Burst + Rate·t = %d", admitted["k"], bound)
 	}
 }
+
+// TestSilenceCountsFromTheCall: a call slower than the store timeout on a
+// key at its limit is refused, not decided by the degraded share, while
+// the store is not silent for the refill timeout: counted from the later
+// of the last answer and the start of the call it has not answered. A key
+// at its limit makes few calls, so its last answer is often older than
+// the refill timeout when a call begins: such a call, slowed by a starved
+// CPU, was taken for a dead store and the share admitted on top of the
+// bucket (benchmarks/peers, 4 limiters flooding one key: 1.02–1.06 of
+// Burst + Rate·t). A store silent for the whole refill timeout since the
+// call began is still taken for dead.
+func TestSilenceCountsFromTheCall(t *testing.T) {
+	w := newFakeWorld()
+	p := Policy{Name: "silence", Limit: Limit{Rate: 1000, Period: time.Second, Burst: 100}}
+	l := w.limiter(t, p, WithFleetSize(2))
+	ctx := context.Background()
+	for l.Allow(ctx, "k") { // the key at its limit, by the store's answer
+	}
+	e := l.keys.load("k")
+	ps := l.policy.load()
+	require.True(t, atLimit(e, ps.tier(e)), "level %d: the key is not at its limit", e.answer.level.Load())
+	w.clk.Advance(2 * l.cfg.refillTimeout) // no answer since: the key made no call
+	now := l.cfg.now()
+	for _, tc := range []struct {
+		name      string
+		callAge   time.Duration // 0: no call out
+		wantShare bool
+	}{
+		{"a call out for just past the store timeout", l.cfg.storeTimeout + time.Millisecond, false},
+		{"a call unanswered for the refill timeout", l.cfg.refillTimeout + time.Millisecond, true},
+		{"no call out, no answer for the refill timeout", 0, true},
+	} {
+		e.callSince.Store(0)
+		if tc.callAge > 0 {
+			e.callSince.Store(now.add(-tc.callAge) + 1)
+		}
+		d := l.slow(e, ps, 1, now)
+		if share := d.Source == SourceDegraded; share != tc.wantShare {
+			t.Errorf("%s: %+v; want the degraded share to decide: %v", tc.name, d, tc.wantShare)
+		}
+		if !tc.wantShare && d.Allowed {
+			t.Errorf("%s: admitted %+v on a key at its limit", tc.name, d)
+		}
+	}
+	e.callSince.Store(0)
+}
