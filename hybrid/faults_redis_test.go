@@ -675,6 +675,26 @@ func TestOOMFilledDoesNotFlap(t *testing.T) {
 		t.Skip("5 s of OOM")
 	}
 	t.Parallel()
+	// The premise is a Redis kept full: good writes in spells shorter than
+	// the breaker's probation (5 probes 200 ms apart). On a machine busy
+	// with other tests the writers may fall behind and leave it writable
+	// for longer, a store that is back; such a run says nothing and is
+	// run again.
+	const probation = 800 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		longest := oomFilledRun(t, attempt == 3)
+		if longest < probation {
+			return
+		}
+		t.Logf("attempt %d: Redis accepted writes for %v in one spell (not kept full): again", attempt, longest)
+	}
+}
+
+// oomFilledRun is one run of TestOOMFilledDoesNotFlap. It returns the
+// longest spell in which Redis accepted every small write; the
+// limiters are judged only when that is under the probation, or when
+// judge says so.
+func oomFilledRun(t *testing.T, judge bool) time.Duration {
 	limit := PerSecond(1000)
 	c, lims, counters := oomFleet(t, limit)
 	bg := context.Background()
@@ -694,33 +714,45 @@ func TestOOMFilledDoesNotFlap(t *testing.T) {
 		}
 		require.Less(t, filled, 1<<12, "2mb never filled")
 	}
-	// The application goes on writing, as one does: each freed byte is
-	// taken again, and only some small writes get through.
+	// The application goes on writing, as one does, from several
+	// goroutines: each freed byte is taken again, and only some small
+	// writes get through.
 	fillCtx, stopFill := context.WithCancel(bg)
-	fillDone := make(chan struct{})
-	go func() {
-		defer close(fillDone)
-		for i := filled + 1; fillCtx.Err() == nil; i++ {
-			_ = c.Set(fillCtx, fmt.Sprintf("fill:%d", i), value, 0).Err()
-		}
-	}()
+	var fillers sync.WaitGroup
+	var next atomic.Int64
+	next.Store(int64(filled) + 1)
+	for range 4 {
+		fillers.Go(func() {
+			for fillCtx.Err() == nil {
+				_ = c.Set(fillCtx, fmt.Sprintf("fill:%d", next.Add(1)), value, 0).Err()
+			}
+		})
+	}
 	// A small write every 10 ms, to show the state the limiters ran in.
-	var probes, refused, streak, longest int
+	var probes, refused int
+	var spell, longest time.Duration
+	var spellFrom time.Time
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 		probes++
 		if c.Set(bg, "probe", "x", 0).Err() != nil {
 			refused++
-			streak = 0
-		} else {
-			streak++
-			longest = max(longest, streak)
+			spellFrom = time.Time{}
+			continue
 		}
+		if spellFrom.IsZero() {
+			spellFrom = time.Now()
+		}
+		spell = time.Since(spellFrom)
+		longest = max(longest, spell)
 	}
-	t.Logf("small writes refused in the 4 s: %d of %d, the longest run of good ones %d (10 ms apart)", refused, probes, longest)
+	t.Logf("small writes refused in the 4 s: %d of %d, the longest spell of good ones %v", refused, probes, longest.Round(time.Millisecond))
 	stopFill()
-	<-fillDone
+	fillers.Wait()
 	cancel()
 	done.Wait()
+	if longest >= 800*time.Millisecond && !judge {
+		return longest
+	}
 	elapsed := time.Since(start)
 	bound := float64(2*limit.Burst) + float64(limit.Rate)*elapsed.Seconds()
 	t.Logf("filled with %d values of 8 KiB; %d admitted of %d offered in %v, bound %.0f (%.2f%%)", filled,
@@ -739,4 +771,5 @@ func TestOOMFilledDoesNotFlap(t *testing.T) {
 	if all.errors.Load() != 0 {
 		t.Fatalf("%d errors", all.errors.Load())
 	}
+	return 0
 }
