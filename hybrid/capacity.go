@@ -27,12 +27,21 @@ import (
 
 // holding is a key's grant as this process spends it.
 type holding struct {
-	bucket  *local.Bucket // at the grant's rate and burst
-	share   int64         // in units of Rate/remote.GrantUnits
-	until   mono          // stop spending then: before the store's expiry
-	version uint64        // the policy version it was granted under
-	admits  atomic.Int64  // decisions it admitted
-	tokens  atomic.Int64  // tokens it admitted, for the key's demand
+	bucket   *local.Bucket // at the grant's rate and burst
+	share    int64         // in units of Rate/remote.GrantUnits
+	until    mono          // stop spending then: before the store's expiry
+	version  uint64        // the policy version it was granted under
+	admitted grantCount
+}
+
+// grantCount is what grants admitted: decisions (Stats) and tokens (the
+// key's demand).
+type grantCount struct{ decisions, tokens atomic.Int64 }
+
+// absorb adds what o counted.
+func (c *grantCount) absorb(o *grantCount) {
+	c.decisions.Add(o.decisions.Load())
+	c.tokens.Add(o.tokens.Load())
 }
 
 // take decides n on the grant at now; decided is false once the grant has
@@ -46,8 +55,8 @@ func (h *holding) take(now mono, n int64) (res local.Result, decided bool) {
 		return res, false
 	}
 	if res.Allowed {
-		h.admits.Add(1)
-		h.tokens.Add(n)
+		h.admitted.decisions.Add(1)
+		h.admitted.tokens.Add(n)
 	}
 	return res, true
 }
@@ -102,8 +111,7 @@ type grantState struct {
 	timer     clock.Timer  // the next renewal; under entry.mu
 	nextAt    atomicMono   // when the next renewal is due
 	answers   atomic.Int32 // grant calls answered since the key began asking
-	admits    atomic.Int64 // decisions and tokens the replaced grants admitted
-	tokens    atomic.Int64
+	admitted  grantCount   // by the grants replaced
 }
 
 // grantWait is until when a decision the lease cannot serve on e waits
@@ -486,8 +494,7 @@ func (c *capacity) install(e *entry, p *policyState, cur *holding, g remote.Gran
 	// applied before this grant was in place is seen here.
 	if c.policy.load().Version != p.Version {
 		if gs.held.CompareAndSwap(h, nil) {
-			gs.admits.Add(h.admits.Load())
-			gs.tokens.Add(h.tokens.Load())
+			gs.admitted.absorb(&h.admitted)
 		}
 		return false
 	}
@@ -500,8 +507,7 @@ func (c *capacity) install(e *entry, p *policyState, cur *holding, g remote.Gran
 func (g *grantState) replace(h *holding) *holding {
 	old := g.held.Swap(h)
 	if old != nil {
-		g.admits.Add(old.admits.Load())
-		g.tokens.Add(old.tokens.Load())
+		g.admitted.absorb(&old.admitted)
 	}
 	return old
 }
@@ -560,28 +566,22 @@ func (c *capacity) fleetSize() int {
 	return c.fleet.size()
 }
 
-// grantAdmits is how many decisions e's grants admitted.
-func (e *entry) grantAdmits() int64 {
+// granted is what e's grants admitted, the live one's included.
+func (e *entry) granted() (decisions, tokens int64) {
 	r := e.rare.Load()
 	if r == nil {
-		return 0
+		return 0, 0
 	}
-	n := r.grant.admits.Load()
+	decisions, tokens = r.grant.admitted.decisions.Load(), r.grant.admitted.tokens.Load()
 	if h := r.grant.held.Load(); h != nil {
-		n += h.admits.Load()
+		decisions += h.admitted.decisions.Load()
+		tokens += h.admitted.tokens.Load()
 	}
-	return n
+	return decisions, tokens
 }
 
-// grantTokens is how many tokens e's grants admitted.
-func (e *entry) grantTokens() int64 {
-	r := e.rare.Load()
-	if r == nil {
-		return 0
-	}
-	n := r.grant.tokens.Load()
-	if h := r.grant.held.Load(); h != nil {
-		n += h.tokens.Load()
-	}
-	return n
+// grantAdmits is how many decisions e's grants admitted.
+func (e *entry) grantAdmits() int64 {
+	d, _ := e.granted()
+	return d
 }

@@ -102,6 +102,20 @@ func TestFirstGrantAskCountsTheFleet(t *testing.T) {
 	}
 }
 
+// holderOf returns a limiter of a fake world under policy name (1 000/s,
+// capacity leases of a 15 s term) whose key "hot" holds a grant.
+func holderOf(t *testing.T, name string) (*fakeWorld, *Limiter, *entry) {
+	t.Helper()
+	w := newFakeWorld()
+	l := w.limiter(t, Policy{Name: name, Limit: PerSecond(1000)}, WithCapacityLeases(15*time.Second))
+	require.True(t, l.Allow(context.Background(), "hot"))
+	e := l.keys.load("hot")
+	e.extra().grant.hotFrom.Store(1)
+	l.grants.ask(e)
+	require.NotNil(t, e.held(), "no grant after the ask")
+	return w, l, e
+}
+
 // TestHolderLeasesNothing: once a key holds a grant, its lease flights make
 // no store call, whether a background refill (the tokens leased before the
 // grant ran low) or a caller's flight that started before the grant came
@@ -109,15 +123,8 @@ func TestFirstGrantAskCountsTheFleet(t *testing.T) {
 // processes at the limit made one such call per process, 2.9 bucket calls
 // per 1 000 admitted, 2.1–2.3 without.
 func TestHolderLeasesNothing(t *testing.T) {
-	w := newFakeWorld()
-	p := Policy{Name: "holder", Limit: PerSecond(1000)}
-	l := w.limiter(t, p, WithCapacityLeases(15*time.Second))
+	_, l, e := holderOf(t, "holder")
 	ctx := context.Background()
-	require.True(t, l.Allow(ctx, "hot"))
-	e := l.keys.load("hot")
-	e.extra().grant.hotFrom.Store(1)
-	l.grants.ask(e)
-	require.NotNil(t, e.held(), "no grant after the ask")
 	calls := l.Stats().StoreCalls
 	for _, need := range []int64{0, 1} {
 		out, err := l.leaser.fetch(ctx, e, need)
@@ -146,15 +153,8 @@ func TestHolderLeasesNothing(t *testing.T) {
 // 0.9× a key's limit wanted 1 024, 922, 256 and 231 units where their
 // demand was 230 each).
 func TestDemandIsCountedOneWay(t *testing.T) {
-	w := newFakeWorld()
-	p := Policy{Name: "demand", Limit: PerSecond(1000)}
-	l := w.limiter(t, p, WithCapacityLeases(15*time.Second))
+	w, l, e := holderOf(t, "demand")
 	ctx := context.Background()
-	require.True(t, l.Allow(ctx, "hot"))
-	e := l.keys.load("hot")
-	e.extra().grant.hotFrom.Store(1)
-	l.grants.ask(e)
-	require.NotNil(t, e.held(), "no grant after the ask")
 	const n, every = 3, 10 * time.Millisecond // 300 tokens a second
 	for step := range 300 {
 		w.clk.Advance(every)

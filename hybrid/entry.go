@@ -320,7 +320,8 @@ func (e *entry) consumed() int64 {
 // differed between them made the estimate jump at every renewal
 // (TestDemandIsCountedOneWay).
 func (e *entry) demandCount() int64 {
-	return e.consumed() + e.misses.Load() + e.grantTokens()
+	_, granted := e.granted()
+	return e.consumed() + e.misses.Load() + granted
 }
 
 // idleSweep records a sweep of e that saw activity count activity, or
