@@ -317,7 +317,7 @@ func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n i
 		// a few such reports instead of waiting for in-flight calls to
 		// time out.
 		waited := now.add(l.cfg.storeTimeout)
-		if !l.answering(e, waited) {
+		if waited.sub(l.leaser.lastOK.Load()) > l.cfg.refillTimeout {
 			hooks.ReportTimeout(l.store)
 		}
 		return l.slow(e, p, n, waited), nil
@@ -333,8 +333,8 @@ func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n i
 // slow decides n on e when the store has not answered within the store
 // timeout. Slowness is no reason to refuse: the degraded share decides,
 // charged to the bucket as debt once the store answers. Except on a key at
-// its limit while the store still answers this process (see answering):
-// then the store is alive and slow only for some calls,
+// its limit while the store still answers this process (within the
+// refill timeout): then the store is alive and slow only for some calls,
 // peers whose calls do answer take all the bucket refills, and the share
 // would admit on top of them, over the bound (8 limiters on a CPU-starved
 // machine: +2.4%, TestExactBoundUnderLoad). Such a key refuses for the
@@ -344,29 +344,10 @@ func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n i
 // is told, see storeFailed), and the share decides.
 func (l *Limiter) slow(e *entry, p *policyState, n int64, now mono) Decision {
 	t := p.tier(e)
-	if l.answering(e, now) && atLimit(e, t) {
+	if alive := now.sub(l.leaser.lastOK.Load()) <= l.cfg.refillTimeout; alive && atLimit(e, t) {
 		return l.reject(e, p, SourceRemote, t.est.DurationFor(n), now)
 	}
 	return l.outage.decide(e, p, n, now)
-}
-
-// answering reports whether the store may still be answering this process
-// at now: it has not been silent for the refill timeout, counted from the
-// later of its last answer and the start of e's call it has not answered
-// yet. Not from the last answer alone: a key at its limit makes few calls
-// (cached refusals, paced grants), so the last answer was often older than
-// the refill timeout when a call began, and a call slowed by a starved CPU
-// was taken for a dead store. The degraded share then admitted on top of
-// the bucket (4 limiters flooding a key of 1 000/s beside gubernator's
-// daemons in benchmarks/peers: 1.02–1.06 of Burst + Rate·t in 2 of 3
-// runs, a 1 s window of 2 274 against 2 000), and the breaker was told of
-// timeouts that were not (3 mode changes in one run).
-func (l *Limiter) answering(e *entry, now mono) bool {
-	last := l.leaser.lastOK.Load()
-	if since := e.callSince.Load(); since != 0 {
-		last = max(last, since-1)
-	}
-	return now.sub(last) <= l.cfg.refillTimeout
 }
 
 // reject is the refusal of a decision on e: Limit is the limit the store
