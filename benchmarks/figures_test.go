@@ -67,9 +67,19 @@ func TestRegressionFigures(t *testing.T) {
 	}
 	srv := redistest.Standalone(t)
 	var rows []figure
-	for _, part := range []func(*testing.T, *redistest.Server) []figure{hotPathFigures, utilizationFigures, underLimitFigures, atLimitFigures, partitionFigures,
-		manyHoldersFigures, keyBytesFigures, outageFigures} {
-		got := part(t, srv)
+	parts := []struct {
+		name string
+		run  func(*testing.T, *redistest.Server) []figure
+	}{{"hot", hotPathFigures}, {"util", utilizationFigures}, {"under", underLimitFigures}, {"at", atLimitFigures},
+		{"partition", partitionFigures}, {"holders", manyHoldersFigures}, {"bytes", keyBytesFigures}, {"outage", outageFigures}}
+	// LEASEHOLD_FIGURES_ONLY=util,at runs only those parts, to iterate
+	// on one figure; a change is still judged by the whole table.
+	only := os.Getenv("LEASEHOLD_FIGURES_ONLY")
+	for _, part := range parts {
+		if only != "" && !slices.Contains(strings.Split(only, ","), part.name) {
+			continue
+		}
+		got := part.run(t, srv)
 		rows = append(rows, got...)
 		for _, r := range got {
 			t.Logf("%s: %s", r.name, r.value)

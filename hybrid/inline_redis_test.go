@@ -131,6 +131,45 @@ func TestInlineCallerCancelled(t *testing.T) {
 // inlineTimeout is the store timeout of inlineOnOwnRedis's limiter.
 const inlineTimeout = 200 * time.Millisecond
 
+// TestVirtualClockWaitsForTheStore: under a clock of the caller's
+// (clock.Manual, the simulator's), a cold decision waits for the store's
+// answer however long it takes in real time (up to the refill timeout),
+// as the store timeout is counted on that clock. Flown inline, the call
+// was cut at the store timeout in real time: ExampleLimiter_AllowN, on a
+// loaded machine, decided its second request by the degraded share.
+func TestVirtualClockWaitsForTheStore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("pauses a Redis")
+	}
+	t.Parallel()
+	srv := redistest.NewServer(t)
+	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	l, err := New(remote.NewRedis(srv.Client(t)), runPolicy("virtual", Limit{Rate: 10, Period: time.Second, Burst: 10}), quiet,
+		WithClock(clk), WithMaxReservation(0))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	d, err := l.AllowN(ctx, "k", 8)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+
+	require.NoError(t, srv.Pause())
+	// Longer than the store timeout (50 ms), within the refill timeout.
+	resume := time.AfterFunc(150*time.Millisecond, func() { _ = srv.Resume() })
+	defer func() {
+		if resume.Stop() {
+			_ = srv.Resume()
+		}
+	}()
+	start := time.Now()
+	d, err = l.AllowN(ctx, "k", 4)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "the decision waited for Redis")
+	require.Equal(t, SourceRemote, d.Source, "decided by the store, not the degraded share")
+	require.False(t, d.Allowed, "2 tokens left of 10: the store refuses 4")
+	require.Positive(t, l.leaser.workers.n.Load(), "flown by a worker, not inline")
+}
+
 // inlineOnOwnRedis starts a Redis of the test's own, to pause, and a
 // limiter over it with a store timeout of inlineTimeout, closed when the test
 // ends, whose first cold decision was flown inline.
