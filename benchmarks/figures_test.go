@@ -163,6 +163,9 @@ const (
 // key, each admission's time (ns after the common start) and tokens.
 type utilReport struct {
 	Admitted [utilKeys][][2]int64
+	// Stats sums up the limiter's Stats at the end (leasehold only), for
+	// a reader of -v output weighing where tokens went.
+	Stats string
 }
 
 // utilizationFigures runs the fleet at 0.9, 1, 1.1, 1.5 and 2 times the
@@ -195,6 +198,11 @@ func utilizationFigures(t *testing.T, srv *redistest.Server) []figure {
 		if err := errors.Join(errs...); err != nil {
 			t.Fatal(err)
 		}
+		for p, r := range reports {
+			if r.Stats != "" {
+				t.Logf("%s %v× process %d: %s", impl, f, p, r.Stats)
+			}
+		}
 		var admitted int64
 		over := 0.0
 		for k := range utilKeys {
@@ -207,6 +215,23 @@ func utilizationFigures(t *testing.T, srv *redistest.Server) []figure {
 			}
 			over = max(over, windowExcess(all, utilRate, utilBurst))
 		}
+		var perSecond [int(utilDuration / time.Second)]int64
+		for _, r := range reports {
+			for k := range utilKeys {
+				for _, a := range r.Admitted[k] {
+					if s := int(a[0] / int64(time.Second)); s >= 0 && s < len(perSecond) {
+						perSecond[s] += a[1]
+					}
+				}
+			}
+		}
+		t.Logf("%s %v×: tokens admitted a second per key, second by second: %v", impl, f, slices.Collect(func(yield func(int64) bool) {
+			for _, n := range perSecond {
+				if !yield(n / utilKeys) {
+					return
+				}
+			}
+		}))
 		bound := float64(utilKeys) * (utilBurst + utilRate*utilDuration.Seconds())
 		return float64(admitted) / bound, over
 	}
@@ -255,6 +280,7 @@ func runUtilHelper(exact bool) error {
 	c := redis.NewClient(&redis.Options{Addr: os.Getenv("BENCH_ADDR"), ContextTimeoutEnabled: true})
 	defer c.Close()
 	var allow func(key string, n int64) bool
+	stats := func() string { return "" }
 	if exact {
 		rr, l := redis_rate.NewLimiter(c), redis_rate.Limit{Rate: utilRate, Period: time.Second, Burst: utilBurst}
 		prefix := os.Getenv("BENCH_PREFIX")
@@ -272,6 +298,17 @@ func runUtilHelper(exact bool) error {
 		allow = func(key string, n int64) bool {
 			d, err := lim.AllowN(ctx, key, n)
 			return err == nil && d.Allowed
+		}
+		stats = func() string {
+			st := lim.Stats()
+			var by []string
+			for src := range hybrid.SourceGrant + 1 {
+				if s := st.Source(src); s.Admitted+s.Rejected > 0 {
+					by = append(by, fmt.Sprintf("%v %d/%d", src, s.Admitted, s.Rejected))
+				}
+			}
+			return fmt.Sprintf("calls %d; admitted/rejected by %s; tokens leased %d returned %d expired %d dropped %d",
+				st.StoreCalls, strings.Join(by, ", "), st.TokensLeased, st.TokensReturned, st.TokensExpired, st.TokensDropped)
 		}
 	}
 	start := time.Unix(0, startNs)
@@ -299,6 +336,7 @@ func runUtilHelper(exact bool) error {
 		}()
 	}
 	wg.Wait()
+	rep.Stats = stats()
 	return json.NewEncoder(os.Stdout).Encode(rep)
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/clock"
+	"github.com/leasehold/leasehold/internal/testkit/storetest"
 	"github.com/leasehold/leasehold/local"
 	"github.com/leasehold/leasehold/remote"
 	"github.com/stretchr/testify/require"
@@ -104,10 +105,10 @@ func TestFirstGrantAskCountsTheFleet(t *testing.T) {
 
 // holderOf returns a limiter of a fake world under policy name (1 000/s,
 // capacity leases of a 15 s term) whose key "hot" holds a grant.
-func holderOf(t *testing.T, name string) (*fakeWorld, *Limiter, *entry) {
+func holderOf(t *testing.T, name string, opts ...Option) (*fakeWorld, *Limiter, *entry) {
 	t.Helper()
 	w := newFakeWorld()
-	l := w.limiter(t, Policy{Name: name, Limit: PerSecond(1000)}, WithCapacityLeases(15*time.Second))
+	l := w.limiter(t, Policy{Name: name, Limit: PerSecond(1000)}, append([]Option{WithCapacityLeases(15 * time.Second)}, opts...)...)
 	require.True(t, l.Allow(context.Background(), "hot"))
 	e := l.keys.load("hot")
 	e.extra().grant.hotFrom.Store(1)
@@ -142,6 +143,56 @@ func TestHolderLeasesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, SourceGrant, d.Source, "%+v", d)
 	require.Greater(t, l.Stats().StoreCalls, calls, "n past the grant's burst made no store call")
+}
+
+// TestStockServesWhatFlowCannot: under stock records a decision the key's
+// grant has no tokens for is the bucket's to serve while the store
+// answers. Once the store call fails, the grant's refusal stands: a holder
+// cut off spends its grant and nothing else, where the degraded share
+// would admit on top of the others' grants (2 of 6 cut off at twice the
+// limit: +30.9% during the cut, -1.2% with it).
+func TestStockServesWhatFlowCannot(t *testing.T) {
+	w := newFakeWorld()
+	cut := &storetest.Cut{Store: w.store}
+	l, err := New(cut, Policy{Name: "flow-stock", Limit: PerSecond(1000)}, quiet, WithClock(w.clk), lenient, WithCapacityLeases(15*time.Second), WithFleetSize(4))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	require.True(t, l.Allow(ctx, "hot"))
+	e := l.keys.load("hot")
+	e.extra().grant.hotFrom.Store(1)
+	l.grants.ask(e)
+	h := e.held()
+	require.NotNil(t, h, "no grant after the ask")
+	w.clk.Advance(time.Millisecond)
+	h.bucket.Drain(int64(l.cfg.now()))
+
+	d, err := l.AllowN(ctx, "hot", 1)
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "the bucket has tokens: %+v", d)
+	require.Equal(t, SourceRemote, d.Source, "served by a stock lease")
+
+	// The lease's tokens spent and the grant dry: the store is cut off.
+	for l.leaser.spend(e, 1, l.spendAt()); e.live(l.spendAt()) > 0; l.leaser.spend(e, 1, l.spendAt()) {
+	}
+	w.clk.Advance(10 * time.Millisecond) // past any refusal cached meanwhile
+	h.bucket.Drain(int64(l.cfg.now()))
+	cut.Down.Store(true)
+	errs := l.Stats().StoreErrors
+	for i := range 20 {
+		d, err = l.AllowN(ctx, "hot", 1)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "decision %d admitted while cut off with the grant dry: %+v", i, d)
+		require.Equal(t, SourceGrant, d.Source, "decision %d: %+v", i, d)
+	}
+	require.Zero(t, l.Stats().Source(SourceDegraded).Admitted)
+	require.Greater(t, l.Stats().StoreErrors, errs, "no store call was tried")
+	// The grant refills at its rate and admits while cut off.
+	w.clk.Advance(100 * time.Millisecond)
+	d, err = l.AllowN(ctx, "hot", 1)
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "%+v", d)
+	require.Equal(t, SourceGrant, d.Source)
 }
 
 // TestDemandIsCountedOneWay: a key's demand estimate is fed by the lease

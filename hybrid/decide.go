@@ -35,7 +35,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 		}
 		if h := e.held(); h != nil {
 			now := l.cfg.now()
-			if res, ok := h.take(now, 1); ok {
+			if res, ok := h.take(now, 1); ok && (res.Allowed || !l.stockAfterGrant(now)) {
 				l.grantDecided(e, 1, res.Allowed, now)
 				return res.Allowed
 			}
@@ -60,7 +60,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, er
 				ResetAfter: e.answer.resetAfter(now), Source: SourceLease}, nil
 		}
 		if e != nil {
-			if d, ok := l.fromGrant(e, l.policy.load(), n, l.cfg.now()); ok {
+			if d, ok := l.fromGrant(e, l.policy.load(), n, l.cfg.now(), false); ok {
 				return d, nil
 			}
 		}
@@ -69,20 +69,30 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, er
 }
 
 // fromGrant decides n on e's capacity grant, if it holds a live one that
-// can: no store call, whatever the store's state.
-func (l *Limiter) fromGrant(e *entry, p *policyState, n int64, now mono) (Decision, bool) {
+// can: no store call, whatever the store's state. Under stock records a
+// refusal leaves the decision to the key's stock while the store is
+// healthy, unless final (the store call for it failed).
+func (l *Limiter) fromGrant(e *entry, p *policyState, n int64, now mono, final bool) (Decision, bool) {
 	h := e.held()
 	if h == nil {
 		return Decision{}, false
 	}
 	res, ok := h.take(now, n)
-	if !ok {
+	if !ok || !res.Allowed && !final && l.stockAfterGrant(now) {
 		return Decision{}, false
 	}
 	l.grantDecided(e, n, res.Allowed, now)
 	t := p.tier(e)
 	return Decision{Allowed: res.Allowed, Limit: t.limits[0], Remaining: e.answer.remaining(t.est, res.Remaining, now),
 		RetryAfter: res.RetryAfter, ResetAfter: e.answer.resetAfter(now), Source: SourceGrant}, true
+}
+
+// stockAfterGrant reports whether a decision its grant refuses at now
+// goes on to the key's stock (under stock records, while the store is
+// healthy). Otherwise the refusal stands: a holder cut off from the
+// store spends its grant and nothing else until the term ends.
+func (l *Limiter) stockAfterGrant(now mono) bool {
+	return l.cfg.stock && l.store.State() == gobreaker.StateClosed && !l.outage.held(now)
 }
 
 // grantDecided counts a decision a grant made: an admission is activity of
@@ -203,7 +213,7 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 		if ok, left := l.leaser.spend(e, n, l.cfg.spendAtNow(now)); ok {
 			return l.admit(e, p, left, round > 0), nil
 		}
-		if d, ok := l.fromGrant(e, p, n, now); ok {
+		if d, ok := l.fromGrant(e, p, n, now, false); ok {
 			return d, nil
 		}
 		if d, ok, err := l.decideWithoutStore(e, p, n, now, round); ok {
@@ -320,8 +330,14 @@ func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n i
 		if waited.sub(l.leaser.lastOK.Load()) > l.cfg.refillTimeout {
 			hooks.ReportTimeout(l.store)
 		}
+		if d, ok := l.fromGrant(e, p, n, waited, true); ok {
+			return d, nil // a holder spends its grant and nothing else
+		}
 		return l.slow(e, p, n, waited), nil
 	case remote.IsUnavailable(err):
+		if d, ok := l.fromGrant(e, p, n, now, true); ok {
+			return d, nil
+		}
 		return l.outage.decide(e, p, n, now), nil
 	}
 	// Corrupt bucket state: the store answered, but nothing it says can be

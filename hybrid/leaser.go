@@ -299,7 +299,7 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 	if need > 0 && e.live(ls.cfg.spendAtNow(start)) >= need {
 		return fetchOutcome{deposited: true, at: start}, nil
 	}
-	if h := e.held(); h != nil && h.serves(start, max(need, 1)) {
+	if h := e.held(); h != nil && h.serves(start, max(need, 1)) && (!ls.cfg.stock || h.bucket.Tokens(int64(start)) >= max(need, 1)) {
 		return fetchOutcome{deposited: true, at: start}, nil
 	}
 	waiters := max(need, e.waiting.Load()) // the request is sized for them
