@@ -70,8 +70,12 @@ func TestRegressionFigures(t *testing.T) {
 	parts := []struct {
 		name string
 		run  func(*testing.T, *redistest.Server) []figure
-	}{{"hot", hotPathFigures}, {"util", utilizationFigures}, {"under", underLimitFigures}, {"at", atLimitFigures},
-		{"partition", partitionFigures}, {"holders", manyHoldersFigures}, {"bytes", keyBytesFigures}, {"outage", outageFigures}}
+	}{
+		// Bytes first: the limiters of the other parts live until the
+		// test ends, and their background work while the heap is read
+		// put 375 B a key on the stock variant's figure, 208 alone.
+		{"bytes", keyBytesFigures}, {"hot", hotPathFigures}, {"util", utilizationFigures}, {"under", underLimitFigures}, {"at", atLimitFigures},
+		{"partition", partitionFigures}, {"holders", manyHoldersFigures}, {"outage", outageFigures}}
 	// LEASEHOLD_FIGURES_ONLY=util,at runs only those parts, to iterate
 	// on one figure; a change is still judged by the whole table.
 	only := os.Getenv("LEASEHOLD_FIGURES_ONLY")
