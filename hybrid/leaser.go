@@ -317,6 +317,11 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 		return fetchOutcome{retry: until.sub(start), at: start}, nil
 	}
 	req := ls.request(e, p, short, start) // may start the key's first grant call
+	if short != need {
+		// The caller takes some of its tokens from the lease: none are
+		// handed to it (see flight.outcomeFor), so none are spent at once.
+		req.Stock.Spend = 0
+	}
 	if w := e.grantWait(start, ls.cfg.storeTimeout); w > start {
 		if ls.grants != nil {
 			ls.grants.overdue(e, start)
@@ -342,7 +347,7 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 		e.lease.Add(0, end)
 		e.mu.Unlock()
 	}
-	return ls.apply(e, p, res, req.Need, waiters, start, now), nil
+	return ls.apply(e, p, res, req, waiters, start, now), nil
 }
 
 // call sends req for e with a context from calls (see flight.fly), sent at
@@ -427,8 +432,10 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 	}
 	req.N, req.Min, req.Need = want, minimum, floor
 	if ls.stock(p) {
+		// The caller's tokens are handed to it as the reply comes (see
+		// granted): spent at once, the record need not count them.
 		req.Stock = remote.Stock{Holder: ls.outage.id, Keep: e.lease.Spendable(int64(now)) + e.reserved(),
-			Seq: ls.seq.Add(1), Term: ls.cfg.leaseTTL + stockGrace}
+			Spend: need, Seq: ls.seq.Add(1), Term: ls.cfg.leaseTTL + stockGrace}
 	}
 	return req
 }
@@ -543,7 +550,8 @@ func atLimit(e *entry, t *tierState) bool {
 // apply records a lease reply on e under p, for a request that needed need
 // tokens and was sized for waiters tokens of callers waiting on it, sent
 // at start and answered at now.
-func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need, waiters int64, start, now mono) fetchOutcome {
+func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, req remote.Request, waiters int64, start, now mono) fetchOutcome {
+	need := req.Need
 	if res.Granted > 0 {
 		ls.stats.leaseSizes.observe(float64(res.Granted))
 	}
@@ -574,7 +582,7 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need, waite
 	if res.Granted > 0 {
 		ls.stats.leaseGrants.Add(1)
 		e.answer.forget()
-		return ls.granted(e, p, res, waiters, start, now)
+		return ls.granted(e, p, res, req.Stock.Spend, waiters, start, now)
 	}
 	if ls.grants != nil {
 		ls.grants.refused(e, p, res.Holders, now)
@@ -598,16 +606,20 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, need, waite
 // WithStrictWindows, the waiting callers' at once and the rest until the
 // bucket's refill, see lifetime), or a reservation released at the
 // bucket's pace.
-func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, waiters int64, start, now mono) fetchOutcome {
+func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, spend, waiters int64, start, now mono) fetchOutcome {
 	switch {
 	case res.Delay <= 0 && p.hold > 0:
 		ls.depositHeld(e, p, res.Granted, res.Now, start.add(p.life))
 		return fetchOutcome{deposited: true, at: now}
 	case res.Delay <= 0 && ls.stock(p) && res.Held:
-		// Counted under the record until its term: the lease's expiry
-		// was moved there as the reply came (see leaseFor).
-		ls.deposit(e, res.Granted, mono(e.lease.Expiry()), now)
-		return fetchOutcome{deposited: true, at: now}
+		// The record counts all but the tokens spent at once, until its
+		// term: the lease's expiry was moved there as the reply came (see
+		// leaseFor). Tokens its callers leave untaken are dropped.
+		hand := ls.handOut(e, min(res.Granted, spend), waiters)
+		if rest := res.Granted - hand; rest > 0 {
+			ls.deposit(e, rest, mono(e.lease.Expiry()), now)
+		}
+		return fetchOutcome{deposited: true, handout: hand, at: now}
 	case res.Delay <= 0 && ls.stock(p):
 		// Past the records the bucket keeps: the waiting callers' tokens
 		// are theirs at once, and nothing is held.

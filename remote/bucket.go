@@ -289,8 +289,9 @@ func (st *state) returnHeld(r *Request) {
 }
 
 // record counts a lease's granted tokens, future-dated by delay, under
-// r's holder record (index mine, -1: a new one): Keep plus granted until
-// the term. The stock branch of bucketLua's lease.
+// r's holder record (index mine, -1: a new one): Keep plus granted, less
+// what the holder spends at once, until the term. The stock branch of
+// bucketLua's lease.
 func (st *state) record(r *Request, mine int, granted, delay int64, now micros) {
 	if mine < 0 {
 		st.grants = append(st.grants, grantRec{holder: r.Stock.Holder})
@@ -298,6 +299,9 @@ func (st *state) record(r *Request, mine int, granted, delay int64, now micros) 
 	}
 	x := &st.grants[mine]
 	x.stock, x.seq = r.Stock.Keep+granted, r.Stock.Seq
+	if delay == 0 {
+		x.stock -= min(granted, r.Stock.Spend)
+	}
 	if end := now.plus(delay + r.Stock.Term.Microseconds()); x.stock > 0 && end > x.exp {
 		x.exp = end
 	}

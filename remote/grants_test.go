@@ -74,7 +74,7 @@ func grantTwinSequences(t *testing.T, c redis.UniversalClient, clk *clock.Manual
 				if op == OpLease && r.IntN(6) > 0 {
 					calls[h]++ // else a late call: a number already used
 				}
-				req.Stock = Stock{Holder: h, Keep: r.Int64N(lim.Burst + 1), Seq: max(calls[h]-r.Int64N(2), 0),
+				req.Stock = Stock{Holder: h, Keep: r.Int64N(lim.Burst + 1), Spend: r.Int64N(req.Need + 1), Seq: max(calls[h]-r.Int64N(2), 0),
 					Term: time.Duration(1+r.Int64N(3000)) * time.Millisecond, Max: 1 + r.IntN(4)}
 				if op == OpReturn {
 					req.N = 1 + r.Int64N(lim.Burst)

@@ -472,7 +472,7 @@ func (c *argCache) scriptArgs(op Op, r *Request) (*scriptCall, error) {
 			if st.Release {
 				release = 1
 			}
-			call.cmd = append(call.cmd, h[0], release, h[1], st.maxRecords(), 0, 0, 0, 0, 0, st.Keep, st.Seq)
+			call.cmd = append(call.cmd, h[0], release, h[1], st.maxRecords(), 0, 0, 0, 0, 0, st.Keep, st.Seq, st.Spend)
 		}
 		if op == OpReturn && !r.FullAt.IsZero() {
 			// Arguments 12–19 are unused by a return.

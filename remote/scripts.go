@@ -49,12 +49,15 @@ const luaPrelude = lua.Prelude
 // spending (lease with a holder)
 // ARGV[22] seq: the holder's call number, rising with each call (lease);
 // for a return, the number of the call whose answer the holder last had
+// ARGV[23] spend: tokens of a lease granted now that the holder hands at
+// once to the callers waiting on it, not counted under its record
 // KEYS[2]  the bucket's capacity grants and stock records,
 // prefix{policy:key}:grants
 //
 // Stock records: a lease that names a holder (ARGV[12]) is counted under
 // the holder's record until its term (ARGV[14]) ends, as k tokens held:
-// what the holder said it still holds (keep) plus what the lease granted.
+// what the holder said it still holds (keep) plus what the lease granted,
+// less the tokens of a lease granted now that it spends at once (spend).
 // The bucket's cap is burst minus every record's burst and stock, so the
 // bucket and everything held never pass burst at any instant, and in any
 // window w the fleet admits at most burst + rate·w with nothing decaying.
@@ -229,6 +232,7 @@ local markspill = tonumber(ARGV[19] or '0')
 local fullat = tonumber(ARGV[20] or '0')
 local keep = tonumber(ARGV[21] or '0')
 local seq = tonumber(ARGV[22] or '0')
+local spend = tonumber(ARGV[23] or '0')
 
 local grants, gfrac = {}, 0
 if graw then
@@ -442,6 +446,7 @@ if op == 'lease' then
       grants[#grants + 1] = mine
     end
     mine.k = keep + granted; mine.q = seq
+    if delay == 0 then mine.k = mine.k - math.min(granted, spend) end
     if mine.k > 0 and now + delay + term > mine.exp then mine.exp = now + delay + term end
     table.sort(grants, function(a, b) return a.exp < b.exp end)
     clamp()

@@ -111,6 +111,18 @@ func TestStockRecords(t *testing.T) {
 				// The record still holds call 5's 4 tokens: b gets the 6 left.
 				require.Equal(t, int64(6), lease(w, "k4", "b", 10, 0, 1).Granted)
 			})
+			t.Run("tokens spent at once are not held", func(t *testing.T) {
+				w := mk(t)
+				r := Request{Policy: "stock", Key: "k8", Limit: lim, Version: 1, N: 4, Min: 3, Need: 3,
+					Stock: Stock{Holder: "a", Spend: 3, Seq: 1, Term: 5 * time.Second}}
+				res, err := w.s.Lease(ctx, r)
+				require.NoError(t, err)
+				require.Equal(t, int64(4), res.Granted)
+				require.True(t, res.Held)
+				// a holds 1 (3 of 4 spent at once): the bucket refills to 9.
+				w.advance(3 * time.Second)
+				require.Equal(t, int64(9), lease(w, "k8", "b", 10, 0, 1).Granted)
+			})
 			t.Run("past the records a bucket keeps", func(t *testing.T) {
 				w := mk(t)
 				require.True(t, lease(w, "k5", "a", 2, 0, 1).Held)

@@ -222,6 +222,11 @@ type Stock struct {
 	// record and goes on spending: the record becomes Keep plus what the
 	// lease grants.
 	Keep int64
+	// Spend is, for a Lease, how many of the tokens it grants now (not
+	// future-dated) the holder hands at once to the callers waiting on
+	// the call: at most Spend of them are not counted under the record,
+	// as a lease past the records is not.
+	Spend int64
 	// Seq numbers the holder's calls, rising with each Lease; a call with
 	// a number no higher than the record's changes nothing. For a
 	// Return, it is the number of the lease whose answer the holder last
@@ -394,9 +399,9 @@ func validateStock(op Op, r *Request, m exact.Micros) error {
 	if err := validateHolder(st.Holder); err != nil {
 		return err
 	}
-	if st.Keep < 0 || st.Keep > m.Burst || st.Seq < 0 || st.Seq > int64(MaxVersion) || st.Max < 0 || st.Max > 1024 ||
+	if st.Keep < 0 || st.Keep > m.Burst || st.Spend < 0 || st.Spend > m.Burst || st.Seq < 0 || st.Seq > int64(MaxVersion) || st.Max < 0 || st.Max > 1024 ||
 		op == OpLease && (st.Term < time.Millisecond || st.Term > 24*time.Hour) {
-		return errs.Errorf("remote", "%s on %q: keep %d, seq %d, term %v, max %d: %w", op, r.Key, st.Keep, st.Seq, st.Term, st.Max, ErrInvalidGrant)
+		return errs.Errorf("remote", "%s on %q: keep %d, spend %d, seq %d, term %v, max %d: %w", op, r.Key, st.Keep, st.Spend, st.Seq, st.Term, st.Max, ErrInvalidGrant)
 	}
 	return nil
 }
