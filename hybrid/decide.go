@@ -197,7 +197,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) error {
 func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision, error) {
 	p := l.policy.load()
 	tier := l.tierIndex(p, key)
-	if err := l.checkRequest(p, &p.tiers[tier], key, n); err != nil {
+	if err := l.checkRequest(p, &p.tiers[tier], key, n, l.keys.entries.load(key) != nil); err != nil {
 		return Decision{Limit: p.tiers[tier].limits[0]}, err
 	}
 	e, evicted := l.keys.getOrCreate(key, tier)
@@ -381,16 +381,20 @@ func (l *Limiter) reject(e *entry, p *policyState, src Source, wait time.Duratio
 		ResetAfter: e.answer.resetAfter(now), Source: src}
 }
 
-func (l *Limiter) checkRequest(p *policyState, t *tierState, key string, n int64) error {
-	if err := keys.Validate(l.cfg.prefix, p.Name, key); err != nil {
-		err = errs.Errorf("hybrid", "%w", err)
-		if l.keys.invalidLogged.CompareAndSwap(false, true) {
-			// Allow answers false without an error to look at: say so
-			// once, or a missing customer id is a silent 429.
-			l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "leasehold: invalid key refused (logged once per limiter)",
-				slog.String("policy", p.Name), slog.String("error", err.Error()))
+// checkRequest validates a decision of n on key under p's tier t; a key
+// tracked already was validated when its entry was made.
+func (l *Limiter) checkRequest(p *policyState, t *tierState, key string, n int64, tracked bool) error {
+	if !tracked {
+		if err := keys.Validate(l.cfg.prefix, p.Name, key); err != nil {
+			err = errs.Errorf("hybrid", "%w", err)
+			if l.keys.invalidLogged.CompareAndSwap(false, true) {
+				// Allow answers false without an error to look at: say so
+				// once, or a missing customer id is a silent 429.
+				l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "leasehold: invalid key refused (logged once per limiter)",
+					slog.String("policy", p.Name), slog.String("error", err.Error()))
+			}
+			return err
 		}
-		return err
 	}
 	if n <= 0 {
 		return errs.Errorf("hybrid", "allow %d on %.64q: %w", n, key, ErrInvalidN)

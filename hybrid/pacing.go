@@ -121,6 +121,21 @@ func (rs *reservations) readyAt(k int64) mono {
 	if len(rs.list) == 0 {
 		return 0
 	}
+	if k == 1 {
+		// The common case, a decision of one token on an empty lease (a
+		// key at its limit): the earliest next release, with no slice.
+		var first, last mono
+		for _, r := range rs.list {
+			last = max(last, r.end)
+			if at := r.at(r.delivered + 1); r.delivered < r.n && (first == 0 || at < first) {
+				first = at
+			}
+		}
+		if first == 0 {
+			return last + mono(rs.list[len(rs.list)-1].step)
+		}
+		return first
+	}
 	next := make([]int64, len(rs.list)) // the next token of each to count
 	var last mono                       // when the last of them all is released
 	for i, r := range rs.list {

@@ -64,7 +64,7 @@ func (r *Reservation) Cancel() {
 func (l *Limiter) ReserveN(ctx context.Context, key string, n int64) (*Reservation, error) {
 	p := l.policy.load()
 	tier := l.tierIndex(p, key)
-	if err := l.checkRequest(p, &p.tiers[tier], key, n); err != nil {
+	if err := l.checkRequest(p, &p.tiers[tier], key, n, l.keys.entries.load(key) != nil); err != nil {
 		return nil, err
 	}
 	r := &Reservation{l: l, key: key, tier: tier, n: n, at: l.cfg.clk.Now()}
