@@ -609,17 +609,22 @@ func manyHoldersFigures(t *testing.T, srv *redistest.Server) []figure {
 		}()
 	}
 	wg.Wait()
-	var calls int64
+	var calls, leased, returned, expired, dropped int64
 	var by [hybrid.SourceGrant + 1]hybrid.SourceStats
 	for _, lim := range lims {
 		st := lim.Stats()
 		calls += st.StoreCalls
+		leased += st.TokensLeased
+		returned += st.TokensReturned
+		expired += st.TokensExpired
+		dropped += st.TokensDropped
 		for src := range by {
 			by[src].Admitted += st.Source(hybrid.Source(src)).Admitted
 			by[src].Rejected += st.Source(hybrid.Source(src)).Rejected
 		}
 	}
-	t.Logf("64 holders: %d store calls; admitted/rejected by source %+v", calls, by)
+	t.Logf("64 holders: %d store calls; tokens leased %d returned %d expired %d dropped %d; admitted/rejected by source %+v",
+		calls, leased, returned, expired, dropped, by)
 	bound := float64(p.Limit.Burst) + float64(p.Limit.Rate)*time.Since(start).Seconds()
 	return []figure{{"64 limiters on one key, 1 000/s burst 100, 2× demand, 4 s", fmt.Sprintf("%.3f of Burst + Rate·t", float64(admitted.Load())/bound), "≥ 0.90, never over"}}
 }
