@@ -180,10 +180,7 @@ func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
 		// process asking well over an even part: below that, stock from
 		// the bucket serves the fleet's uneven demand, where flow's
 		// local bursts would split the bucket.
-		e.mu.Lock()
-		mean := float64(e.demand.mean)
-		e.mu.Unlock()
-		even := perSec / float64(c.fleetSize())
+		mean, even := c.flowDemand(e, lim)
 		if mean < even {
 			// The next renewal gives the flow back: stock serves.
 			g.hotFrom.Store(0)
@@ -227,11 +224,27 @@ func (c *capacity) refused(e *entry, p *policyState, holders int, now mono) {
 	if holders == 0 || !c.enabled(p) || e.held() != nil {
 		return
 	}
+	if c.cfg.stock {
+		// Others hold flow, but under stock records this process asks
+		// for its own only as consider would: well over an even part.
+		if mean, even := c.flowDemand(e, p.tier(e).limits[0]); mean < stockFlowOver*even {
+			return
+		}
+	}
 	g := &e.extra().grant
 	if g.hotFrom.Load() == 0 {
 		g.hotFrom.Store(now + 1)
 	}
 	c.askIfDue(e, g, now)
+}
+
+// flowDemand is e's sustained demand and an even part of lim's rate in
+// the fleet, in tokens a second.
+func (c *capacity) flowDemand(e *entry, lim Limit) (mean, even float64) {
+	e.mu.Lock()
+	mean = float64(e.demand.mean)
+	e.mu.Unlock()
+	return mean, float64(lim.Rate) / lim.Period.Seconds() / float64(c.fleetSize())
 }
 
 // overdue starts e's next grant call from a refused decision when its
@@ -462,6 +475,11 @@ func (c *capacity) next(e *entry, req remote.GrantRequest, gr remote.Grant) {
 		c.askAsync(e, d)
 	case gr.Share < req.Want && gr.Share < part:
 		c.askAsync(e, c.cfg.grantTerm/(2*renewals)) // short of its want: ask again sooner
+	case c.cfg.stock && gr.Burst < req.Burst:
+		// Short of its burst, which stock records held as it asked: a
+		// burst of 6 where 12 was asked kept 89% of the flow on requests
+		// of 1 to 5 tokens. The records end or are reported soon.
+		c.askAsync(e, min(c.cfg.grantTerm/(4*renewals), 250*time.Millisecond))
 	default:
 		c.askAsync(e, c.cfg.grantTerm/renewals)
 	}

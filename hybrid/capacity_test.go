@@ -195,6 +195,62 @@ func TestStockServesWhatFlowCannot(t *testing.T) {
 	require.Equal(t, SourceGrant, d.Source)
 }
 
+// TestStockAsksForFlowAtTheLimit: under stock records a key asks for flow
+// only when its bucket came back dry and this process's sustained demand
+// is at least 1.5 times an even part of the rate (a fleet of 4 on a key of
+// 1 000/s: 375/s), whether its own lease call was refused or not; below
+// that, stock serves the fleet's uneven demand (flow taken at any demand
+// above Rate/32 kept a utilization fleet at 0.25–0.50 of the bound). A
+// holder whose demand falls below an even part gives its flow back at
+// the next renewal. Each grant asks for an even part of Burst (250).
+func TestStockAsksForFlowAtTheLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		level  int64   // the last answer's
+		mean   float32 // tokens a second
+		refuse bool    // the key's lease call was refused, others holding flow
+		asks   bool
+	}{
+		{"below the limit", 100, 1000, false, false},
+		{"at the limit, an even part", 0, 250, false, false},
+		{"at the limit, 1.5 even parts", 0, 375, false, true},
+		{"refused, an even part", 0, 250, true, false},
+		{"refused, 1.5 even parts", 0, 400, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newFakeWorld()
+			l := w.limiter(t, Policy{Name: "flow-ask", Limit: PerSecond(1000)}, lenient, WithCapacityLeases(15*time.Second), WithFleetSize(4))
+			require.True(t, l.Allow(context.Background(), "k"))
+			e := l.keys.load("k")
+			e.mu.Lock()
+			e.demand.mean = tc.mean
+			e.mu.Unlock()
+			e.answer.level.Store(tc.level)
+			p, now := l.policy.load(), l.cfg.now()
+			if tc.refuse {
+				l.grants.refused(e, p, 1, now)
+			} else {
+				l.grants.consider(e, p, float64(tc.mean), now)
+			}
+			eventually(t, "the grant call to end", func() bool { return !e.extra().grant.asking.Load() })
+			if got := e.held() != nil; got != tc.asks {
+				t.Fatalf("holds a grant: %v, want %v", got, tc.asks)
+			}
+			if !tc.asks {
+				return
+			}
+			require.Equal(t, int64(250), e.held().bucket.Limit().Burst, "an even part of Burst")
+			// Demand gone below an even part: the renewal gives it back.
+			e.mu.Lock()
+			e.demand.mean = 200
+			e.mu.Unlock()
+			l.grants.consider(e, p, 200, now)
+			l.grants.ask(e)
+			require.Nil(t, e.held(), "the flow was not given back")
+		})
+	}
+}
+
 // TestDemandIsCountedOneWay: a key's demand estimate is fed by the lease
 // sizing and by each grant renewal, and both must count the same thing:
 // tokens. Renewals used to count a grant's admissions in decisions on
