@@ -181,7 +181,7 @@ func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
 		// the bucket serves the fleet's uneven demand, where flow's
 		// local bursts would split the bucket.
 		mean, even := c.flowDemand(e, lim)
-		if mean < even {
+		if mean < even || !c.flowFits(lim) {
 			// The next renewal gives the flow back: stock serves.
 			g.hotFrom.Store(0)
 			return
@@ -227,7 +227,8 @@ func (c *capacity) refused(e *entry, p *policyState, holders int, now mono) {
 	if c.cfg.stock {
 		// Others hold flow, but under stock records this process asks
 		// for its own only as consider would: well over an even part.
-		if mean, even := c.flowDemand(e, p.tier(e).limits[0]); mean < stockFlowOver*even {
+		lim := p.tier(e).limits[0]
+		if mean, even := c.flowDemand(e, lim); mean < stockFlowOver*even || !c.flowFits(lim) {
 			return
 		}
 	}
@@ -237,6 +238,24 @@ func (c *capacity) refused(e *entry, p *policyState, holders int, now mono) {
 	}
 	c.askIfDue(e, g, now)
 }
+
+// flowFits reports whether the fleet can hold flow on a key of lim under
+// stock records: at most as many holders as a bucket keeps grants, each
+// with a local burst of at least stockFlowMinBurst. Past that, grants
+// left most of the fleet on stock a token a lease and the rest with
+// bursts of one token or none (64 processes on one key of burst 100 at
+// twice the limit: 0.72 of the bound with flow, 0.80 with stock alone).
+func (c *capacity) flowFits(lim Limit) bool {
+	n := int64(c.fleetSize())
+	return n <= grantHolders && lim.Burst >= stockFlowMinBurst*n
+}
+
+// grantHolders is how many grants a bucket keeps (remote's default).
+const grantHolders = 16
+
+// stockFlowMinBurst is the smallest local burst worth flow under stock
+// records: requests of several tokens need a burst above their size.
+const stockFlowMinBurst = 4
 
 // flowDemand is e's sustained demand and an even part of lim's rate in
 // the fleet, in tokens a second.

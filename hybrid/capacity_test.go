@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -202,7 +203,8 @@ func TestStockServesWhatFlowCannot(t *testing.T) {
 // that, stock serves the fleet's uneven demand (flow taken at any demand
 // above Rate/32 kept a utilization fleet at 0.25–0.50 of the bound). A
 // holder whose demand falls below an even part gives its flow back at
-// the next renewal. Each grant asks for an even part of Burst (250).
+// the next renewal. Each grant asks for an even part of Burst (250). A
+// fleet larger than the grants a bucket keeps (16) holds no flow.
 func TestStockAsksForFlowAtTheLimit(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -216,10 +218,18 @@ func TestStockAsksForFlowAtTheLimit(t *testing.T) {
 		{"at the limit, 1.5 even parts", 0, 375, false, true},
 		{"refused, an even part", 0, 250, true, false},
 		{"refused, 1.5 even parts", 0, 400, true, true},
+		// Past the 16 grants a bucket keeps, flow would leave most of the
+		// fleet on stock a token a lease.
+		{"a fleet of 32, 1.5 even parts", 0, 100, false, false},
+		{"a fleet of 32, refused", 0, 100, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newFakeWorld()
-			l := w.limiter(t, Policy{Name: "flow-ask", Limit: PerSecond(1000)}, lenient, WithCapacityLeases(15*time.Second), WithFleetSize(4))
+			fleet := 4
+			if strings.HasPrefix(tc.name, "a fleet of 32") {
+				fleet = 32
+			}
+			l := w.limiter(t, Policy{Name: "flow-ask", Limit: PerSecond(1000)}, lenient, WithCapacityLeases(15*time.Second), WithFleetSize(fleet))
 			require.True(t, l.Allow(context.Background(), "k"))
 			e := l.keys.load("k")
 			e.mu.Lock()
