@@ -178,6 +178,18 @@ func TestStockServesWhatFlowCannot(t *testing.T) {
 	}
 	w.clk.Advance(10 * time.Millisecond) // past any refusal cached meanwhile
 	h.bucket.Drain(int64(l.cfg.now()))
+	// The store's last answer refused as many: the grant's refusal
+	// stands, with no store call (a flood on a key at its limit: 3.04×
+	// x/time/rate a decision going on to the stock each time, 1.24× not).
+	e.answer.refuse(1, l.cfg.now().add(time.Millisecond))
+	calls := l.Stats().StoreCalls
+	d, err = l.AllowN(ctx, "hot", 1)
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.Equal(t, SourceGrant, d.Source, "%+v", d)
+	require.Equal(t, calls, l.Stats().StoreCalls, "a store call past a cached refusal")
+	w.clk.Advance(time.Millisecond)
+	h.bucket.Drain(int64(l.cfg.now()))
 	cut.Down.Store(true)
 	errs := l.Stats().StoreErrors
 	for i := range 20 {

@@ -35,7 +35,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 		}
 		if h := e.held(); h != nil {
 			now := l.cfg.now()
-			if res, ok := h.take(now, 1); ok && (res.Allowed || !l.stockAfterGrant(now)) {
+			if res, ok := h.take(now, 1); ok && (res.Allowed || !l.stockAfterGrant(e, 1, now)) {
 				l.grantDecided(e, 1, res.Allowed, now)
 				return res.Allowed
 			}
@@ -78,7 +78,7 @@ func (l *Limiter) fromGrant(e *entry, p *policyState, n int64, now mono, final b
 		return Decision{}, false
 	}
 	res, ok := h.take(now, n)
-	if !ok || !res.Allowed && !final && l.stockAfterGrant(now) {
+	if !ok || !res.Allowed && !final && l.stockAfterGrant(e, n, now) {
 		return Decision{}, false
 	}
 	l.grantDecided(e, n, res.Allowed, now)
@@ -87,12 +87,14 @@ func (l *Limiter) fromGrant(e *entry, p *policyState, n int64, now mono, final b
 		RetryAfter: res.RetryAfter, ResetAfter: e.answer.resetAfter(now), Source: SourceGrant}, true
 }
 
-// stockAfterGrant reports whether a decision its grant refuses at now
-// goes on to the key's stock (under stock records, while the store is
-// healthy). Otherwise the refusal stands: a holder cut off from the
-// store spends its grant and nothing else until the term ends.
-func (l *Limiter) stockAfterGrant(now mono) bool {
-	return l.cfg.stock && l.store.State() == gobreaker.StateClosed && !l.outage.held(now)
+// stockAfterGrant reports whether a decision of n on e that e's grant
+// refuses at now goes on to the key's stock: under stock records, unless
+// the store's last answer refused as many already (checked first, as a
+// flood on a key at its limit asks it for every decision), and while the
+// store is healthy. Otherwise the refusal stands: a holder cut off from
+// the store spends its grant and nothing else until the term ends.
+func (l *Limiter) stockAfterGrant(e *entry, n int64, now mono) bool {
+	return l.cfg.stock && now >= e.refusedUntil(n, now) && l.store.State() == gobreaker.StateClosed && !l.outage.held(now)
 }
 
 // grantDecided counts a decision a grant made: an admission is activity of
