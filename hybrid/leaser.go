@@ -333,21 +333,26 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 		return fetchOutcome{}, err
 	}
 	if req.Stock.Holder != "" {
-		// A held lease: the record now counts what the lease holds
-		// until the new term, and the lease may spend it until then.
-		// The store keeps the later of the record's end and the new
-		// term's, so the lease keeps the later of its own too. Held or
-		// not, the end moves a nanosecond at least (well within the
-		// margin), so that it tells records apart (see Limiter.refund).
-		e.mu.Lock()
-		end := e.lease.Expiry() + 1
-		if res.Held {
-			end = max(int64(ls.stockUntil(start, res.Delay)), end)
-		}
-		e.lease.Add(0, end)
-		e.mu.Unlock()
+		ls.extendHeld(e, res, start)
 	}
 	return ls.apply(e, p, res, req, waiters, start, now), nil
+}
+
+// extendHeld moves the end of e's lease after a lease call naming this
+// process's record, sent at start and answered with res: the record now
+// counts what the lease holds until the new term, and the lease may
+// spend it until then. The store keeps the later of the record's end and
+// the new term's, so the lease keeps the later of its own too. Held or
+// not, the end moves a nanosecond at least (well within the margin), so
+// that it tells records apart (see Limiter.refund).
+func (ls *leaser) extendHeld(e *entry, res remote.Result, start mono) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	end := e.lease.Expiry() + 1
+	if res.Held {
+		end = max(int64(ls.stockUntil(start, res.Delay)), end)
+	}
+	e.lease.Add(0, end)
 }
 
 // call sends req for e with a context from calls (see flight.fly), sent at

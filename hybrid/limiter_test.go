@@ -228,28 +228,36 @@ func TestCloseGivesBackTheLastGrant(t *testing.T) {
 // finds nothing left (capacity grants gave a holder at most Burst/16).
 func TestStockServesABurst(t *testing.T) {
 	ctx := context.Background()
-	for name, store := range map[string]remote.Store{
+	stockPairs(t, "stock-burst-", PerHour(10), nil, func(t *testing.T, a, b *Limiter) {
+		admitted := 0
+		for range 20 {
+			if a.Allow(ctx, "k") {
+				admitted++
+			}
+		}
+		require.Equal(t, 10, admitted, "a burst of 10 in one process")
+		require.False(t, b.Allow(ctx, "k"), "a second process found tokens the first holds")
+		require.LessOrEqual(t, a.Stats().StoreCalls, int64(11))
+	})
+}
+
+// stockPairs runs f on two limiters with stock records and opts, sharing
+// a policy of lim named for the run, on the memory store and on real
+// Redis.
+func stockPairs(t *testing.T, name string, lim Limit, opts []Option, f func(t *testing.T, a, b *Limiter)) {
+	for store, s := range map[string]remote.Store{
 		"memory": remote.NewMemory(clock.Real()),
 		"redis":  remote.NewRedis(standaloneDial(t)),
 	} {
-		t.Run(name, func(t *testing.T) {
-			p := runPolicy("stock-burst-"+name, PerHour(10))
+		t.Run(store, func(t *testing.T) {
+			p := runPolicy(name+store, lim)
 			mk := func() *Limiter {
-				l, err := New(store, p, quiet, lenient)
+				l, err := New(s, p, append([]Option{quiet, lenient}, opts...)...)
 				require.NoError(t, err)
-				t.Cleanup(func() { _ = l.Close(ctx) })
+				t.Cleanup(func() { _ = l.Close(context.Background()) })
 				return l
 			}
-			a, b := mk(), mk()
-			admitted := 0
-			for range 20 {
-				if a.Allow(ctx, "k") {
-					admitted++
-				}
-			}
-			require.Equal(t, 10, admitted, "a burst of 10 in one process")
-			require.False(t, b.Allow(ctx, "k"), "a second process found tokens the first holds")
-			require.LessOrEqual(t, a.Stats().StoreCalls, int64(11))
+			f(t, mk(), mk())
 		})
 	}
 }
@@ -262,30 +270,18 @@ func TestStockServesABurst(t *testing.T) {
 // stock), 0.817 without; on the memory store and on real Redis.
 func TestStockSpentAtOnceIsNotHeld(t *testing.T) {
 	ctx := context.Background()
-	for name, store := range map[string]remote.Store{
-		"memory": remote.NewMemory(clock.Real()),
-		"redis":  remote.NewRedis(standaloneDial(t)),
-	} {
-		t.Run(name, func(t *testing.T) {
-			p := runPolicy("stock-spent-"+name, Limit{Rate: 20, Period: time.Second, Burst: 10})
-			mk := func() *Limiter {
-				l, err := New(store, p, quiet, lenient, WithFleetSize(2), WithMaxReservation(0))
-				require.NoError(t, err)
-				t.Cleanup(func() { _ = l.Close(ctx) })
-				return l
-			}
-			a, b := mk(), mk()
-			d, err := a.AllowN(ctx, "k", 10)
+	lim := Limit{Rate: 20, Period: time.Second, Burst: 10}
+	stockPairs(t, "stock-spent-", lim, []Option{WithFleetSize(2), WithMaxReservation(0)}, func(t *testing.T, a, b *Limiter) {
+		d, err := a.AllowN(ctx, "k", 10)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "%+v", d)
+		require.Zero(t, a.Stats().TokensHeld, "a holds none of the 10 it spent")
+		// 2 tokens refill in 100 ms: b gets them, though a made no
+		// call since.
+		poll.Until(t, "b to be admitted", time.Second, func() bool {
+			d, err := b.AllowN(ctx, "k", 1)
 			require.NoError(t, err)
-			require.True(t, d.Allowed, "%+v", d)
-			require.Zero(t, a.Stats().TokensHeld, "a holds none of the 10 it spent")
-			// 2 tokens refill in 100 ms: b gets them, though a made no
-			// call since.
-			poll.Until(t, "b to be admitted", time.Second, func() bool {
-				d, err := b.AllowN(ctx, "k", 1)
-				require.NoError(t, err)
-				return d.Allowed
-			})
+			return d.Allowed
 		})
-	}
+	})
 }
