@@ -17,8 +17,8 @@ import (
 // (20/s, burst 20) for 1 to 3 tokens every 10 ms, twice what the limit
 // gives, through hybrid and through redis_rate side by side. Whenever both
 // refuse, their RetryAfter for the caller's n should agree: the median
-// difference within 5 ms, once the time between the two calls is allowed
-// for. (Before, a paced key's refusal named the next
+// difference within a quarter of a token's time, once the time between the
+// two calls is allowed for. (Before, a paced key's refusal named the next
 // release, not the caller's n: the median was 47–49 ms off.)
 func TestRetryAfterMatchesRedisRate(t *testing.T) {
 	if testing.Short() {
