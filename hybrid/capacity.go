@@ -354,6 +354,12 @@ func (c *capacity) request(e *entry, p *policyState, cur *holding) remote.GrantR
 		Burst: c.grantBurst(lim)}
 	if cur != nil && cur.version == p.Version {
 		r.Running = cur.share
+		if r.Want < r.Running && r.Want > r.Running-r.Running/8 {
+			// A demand that eases a little keeps its share: each lower
+			// one is confirmed by a call of its own, and a mean falling
+			// a little at every renewal asked every 6 ms.
+			r.Want = r.Running
+		}
 	}
 	return r
 }
@@ -469,6 +475,7 @@ func (c *capacity) next(e *entry, req remote.GrantRequest, gr remote.Grant) {
 	// part gains nothing by asking sooner than a renewal, unless it is
 	// short of both its want and its part.
 	part := remote.GrantUnits / int64(max(gr.Holders, c.fleetSize(), 1))
+	keyPart := remote.GrantUnits / int64(max(gr.Holders, 1)) // among the key's holders alone
 	answers := e.extra().grant.answers.Add(1)
 	newborn := c.newborn()
 	switch young := (answers == 1 && newborn) || (answers <= 3 && gr.Share > part); {
@@ -494,6 +501,18 @@ func (c *capacity) next(e *entry, req remote.GrantRequest, gr remote.Grant) {
 		c.askAsync(e, d)
 	case gr.Share < req.Want && gr.Share < part:
 		c.askAsync(e, c.cfg.grantTerm/(2*renewals)) // short of its want: ask again sooner
+	case c.cfg.stock && (gr.Share < min(req.Want, keyPart) || gr.Share > keyPart && gr.Holders > 1):
+		// Flow under stock records is for a process well over an even
+		// part of the key's holders: short of one and of its want, it
+		// asks again soon, as the others' renewals may have made room;
+		// above one beside other holders, it may hold what they wait
+		// for (the store divides by everyone's wants at each ask).
+		c.askAsync(e, min(c.cfg.grantTerm/(4*renewals), 250*time.Millisecond))
+	case c.cfg.stock && gr.Share > part:
+		// Above an even part of the fleet, alone on the key so far: a
+		// process that comes to it later is kept waiting with no share
+		// until this one asks again (3 s at a 15 s term, measured).
+		c.askAsync(e, min(c.cfg.grantTerm/renewals, time.Second))
 	case c.cfg.stock && gr.Burst < req.Burst:
 		// Short of its burst, which stock records held as it asked: a
 		// burst of 6 where 12 was asked kept 89% of the flow on requests

@@ -172,7 +172,7 @@ func (ls *leaser) alone(now mono) bool {
 // simulator's) it runs as the clock's callback, inside Advance, where a
 // run is deterministic.
 func (ls *leaser) refillAsync(e *entry) {
-	if e.reserved() > e.lease.LowWater() || e.refilling.Load() || ls.outage.held(ls.cfg.now()) || !e.refilling.CompareAndSwap(false, true) {
+	if e.reserved() > e.lease.LowWater() || e.refilling.Load() || ls.outage.held(ls.cfg.now()) || ls.cfg.stock && e.held() != nil || !e.refilling.CompareAndSwap(false, true) {
 		return
 	}
 	if ls.cfg.clk == clock.Real() {
@@ -430,6 +430,14 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 	if need == 0 && ls.paced(p) {
 		minimum = want
 	}
+	if ls.stock(p) && e.held() != nil {
+		// A holder of flow asks stock for what its flow refused: the
+		// bucket refills only at the rate the grants leave, and a lease
+		// of the token or two there at each refusal was a store call
+		// per refusal (220 a 1 000 admitted at twice the limit). It
+		// waits for a whole lease.
+		minimum, floor = max(need, want), max(need, want)
+	}
 	if ls.paced(p) && !e.grantMode() {
 		// A key that holds or asks for a grant future-dates nothing: no
 		// share rises while future-dated tokens are out.
@@ -462,7 +470,7 @@ const stockGrace = time.Second
 // so contendedShare asks for one only on a dry key, and request caps it
 // at stockShare.
 func (ls *leaser) paced(p *policyState) bool {
-	return ls.cfg.maxDelay > 0 && !p.shaped
+	return ls.cfg.maxDelay > 0 && !p.shaped && !(ls.cfg.stock && ls.cfg.grantTerm > 0)
 }
 
 // stockShare is the most a lease asks for under stock records, beyond
@@ -515,11 +523,22 @@ func (ls *leaser) contendedShare(e *entry, p *policyState, now mono) int64 {
 		return lim.TokensIn(ls.cfg.maxDelay * 4 / 5)
 	}
 	share := lim.TokensIn(ls.cfg.maxDelay/2) / int64(max(ls.outage.size(), 1))
-	if ls.strict(p) {
+	switch {
+	case ls.strict(p):
 		e.mu.Lock()
 		u := e.steadyUse(lim)
 		e.mu.Unlock()
 		share = min(share, strictTail(lim, u))
+	case ls.stock(p):
+		// A record holds the bucket's room until its holder's next
+		// call: a share this process spends within half a reservation
+		// turns over, where a fleet still counted as one at start-up
+		// (Burst/2 each) held the bucket for a second while the other
+		// processes, under the limit, were refused.
+		e.mu.Lock()
+		u := e.steadyUse(lim)
+		e.mu.Unlock()
+		share = min(share, max(int64(u*float64(lim.TokensIn(ls.cfg.maxDelay/2))), 1))
 	}
 	return share
 }
@@ -598,7 +617,11 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, req remote.
 		// store call until the grant comes.
 		res.RetryAfter = max(res.RetryAfter, grantWaitRefusal)
 	}
-	e.answer.refuse(max(need, 1), now.add(res.RetryAfter))
+	refused := max(need, 1)
+	if ls.stock(p) && e.held() != nil {
+		refused = 1 // it asked for a whole lease (see request)
+	}
+	e.answer.refuse(refused, now.add(res.RetryAfter))
 	if p.hold > 0 {
 		// Returns reach the window at each sweep of the fleet.
 		e.extra().recheckAt.Store(now.add(ls.cfg.sweepInterval))

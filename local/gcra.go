@@ -130,6 +130,28 @@ func (b *Bucket) Drain(now int64) int64 {
 	}
 }
 
+// Owe takes up to n tokens at now whatever the bucket holds, going into
+// debt that its refill pays before it admits again, but no further than
+// its refill pays by the time by: a take after by finds the bucket at
+// least empty, not in debt. It returns how many tokens it took, which
+// keeps the bound: what the bucket admits and owes from any start to by
+// is at most Burst + Rate·(by − start)/Period, as it is without debt.
+func (b *Bucket) Owe(now, by, n int64) int64 {
+	for {
+		tat := b.tat.Load()
+		base := max(tat, now)
+		end := by + int64(b.lim.floorDuration(b.lim.Burst)) // empty at by
+		room, ok := mulDiv(uint64(max(end-base, 0)), uint64(b.lim.Rate), uint64(b.lim.Period), false)
+		k := min(n, int64(min(room, uint64(n))))
+		if !ok || k <= 0 {
+			return 0
+		}
+		if b.tat.CompareAndSwap(tat, base+int64(b.lim.DurationFor(k))) {
+			return k
+		}
+	}
+}
+
 // SetTokens sets the bucket to hold n tokens at now (0 to Burst): it
 // refills from there at its rate.
 func (b *Bucket) SetTokens(now, n int64) {

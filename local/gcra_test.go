@@ -280,3 +280,48 @@ func TestEmptyRefillsFromZero(t *testing.T) {
 		t.Fatalf("Tokens 300ms after Empty = %d, want 3", got)
 	}
 }
+
+// TestOweGoesIntoDebtNoFurtherThanBy: Owe takes what the bucket holds and
+// then owes, refusing takes until the refill has paid; it never owes what
+// the refill would not pay by its deadline.
+func TestOweGoesIntoDebtNoFurtherThanBy(t *testing.T) {
+	t.Parallel()
+	ms := int64(time.Millisecond)
+	for _, tc := range []struct {
+		name      string
+		spent     int64 // taken at 0 before Owe
+		owe, by   int64 // Owe(0, by, owe)
+		want      int64 // tokens Owe took
+		firstTake int64 // ms after 0 when one token is admitted again
+	}{
+		{"within the burst", 0, 3, 1000 * ms, 3, 0},
+		{"past the burst, into debt", 0, 8, 1000 * ms, 8, 400},
+		{"capped by what refills by by", 5, 20, 1000 * ms, 10, 1100},
+		{"a deadline passed owes nothing", 5, 3, 0, 0, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := NewBucket(Limit{Rate: 10, Period: time.Second, Burst: 5}) // 100 ms a token
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.spent > 0 {
+				if r, _ := b.TakeAt(0, tc.spent); !r.Allowed {
+					t.Fatalf("TakeAt(0, %d) refused", tc.spent)
+				}
+			}
+			if got := b.Owe(0, tc.by, tc.owe); got != tc.want {
+				t.Fatalf("Owe(0, %v, %d) = %d, want %d", time.Duration(tc.by), tc.owe, got, tc.want)
+			}
+			first := int64(-1)
+			for at := int64(0); at <= 2000*ms; at += ms {
+				if r, _ := b.TakeAt(at, 1); r.Allowed {
+					first = at / ms
+					break
+				}
+			}
+			if first != tc.firstTake {
+				t.Fatalf("first token admitted at %d ms, want %d", first, tc.firstTake)
+			}
+		})
+	}
+}
