@@ -14,16 +14,16 @@ import (
 
 // benchPolicies are the policy shapes a leased decision must cost the same
 // on: one token bucket, a sliding window, and two limits, by default (a
-// decision reads the real clock: a token bucket's lease decays, see
-// WithStrictWindows); and a token bucket whose lease keeps its tokens,
-// whose decision reads no clock.
+// token bucket's lease is stock and its decision reads no clock); and a
+// token bucket whose lease decays (WithStrictWindows), whose decision
+// reads the real clock.
 var benchPolicies = []struct {
 	name string
 	p    Policy
 	opts []Option
 }{
 	{"gcra", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}}, []Option{WithClock(clock.Real())}},
-	{"gcra-stock", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}}, []Option{WithClock(clock.Real()), WithStrictWindows(false)}},
+	{"gcra-decaying", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}}, []Option{WithClock(clock.Real()), WithStrictWindows(true)}},
 	{"window", Policy{Name: "bench", Limit: Limit{Rate: 1e12, Period: time.Second, Burst: 1e12}, Algorithm: SlidingWindow},
 		[]Option{WithClock(clock.Real())}},
 	{"composite", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12},
@@ -159,9 +159,9 @@ func BenchmarkStats(b *testing.B) {
 
 // grantLimiterOf returns a limiter whose key "hot" holds a capacity grant
 // and no lease: every decision is the grant's local GCRA.
-func grantLimiterOf(tb testing.TB) *Limiter {
+func grantLimiterOf(tb testing.TB, opts ...Option) *Limiter {
 	tb.Helper()
-	l := hotLimiterOf(tb, benchPolicies[0].p)
+	l := hotLimiterOf(tb, benchPolicies[0].p, opts...)
 	e := l.keys.load("hot")
 	e.lease.Take(e.lease.Tokens())
 	b, err := local.NewBucket(local.Limit{Rate: 1e12, Period: time.Second, Burst: 1e12})

@@ -177,11 +177,11 @@ func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
 	g := &e.extra().grant
 	if c.cfg.stock {
 		// Under stock records flow is for a key at its limit with this
-		// process asking well over an even part: below that, stock from
-		// the bucket serves the fleet's uneven demand, where flow's
-		// local bursts would split the bucket.
+		// process asking an even part or more (stockFlowOver): below
+		// that, stock from the bucket serves the fleet's uneven demand,
+		// where flow's local bursts would split the bucket.
 		mean, even := c.flowDemand(e, lim)
-		if mean < even || !c.flowFits(lim) {
+		if mean < stockFlowUnder*even || !c.flowFits(lim) {
 			// The next renewal gives the flow back: stock serves.
 			g.hotFrom.Store(0)
 			return
@@ -190,7 +190,13 @@ func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
 			if g.hotFrom.Load() == 0 {
 				g.hotFrom.Store(now + 1)
 			}
-			c.askIfDue(e, g, now)
+			// After the lease call this decision is about to make: a
+			// grant takes its burst from the bucket's level, and one that
+			// went first refused the caller a RetryAfter had sent back (a
+			// charge of 1 000, 9 s after a debt, ExampleCharge_Settle).
+			if !g.asking.Load() && now >= g.nextAt.Load() {
+				c.askAsync(e, confirmAfter)
+			}
 		}
 		return
 	}
@@ -206,6 +212,20 @@ func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
 	if (contended || now.sub(from-1) >= grantDemandFor) && e.held() == nil {
 		c.askIfDue(e, g, now)
 	}
+}
+
+// resume asks again for the flow a key held or asked for before an
+// outage, while the recovery hold decides its other requests by the
+// degraded share: no lease call of the hold sizes a lease, which is where
+// a key's demand asks for flow, and a holder cut off past its term decided
+// by its share for the whole hold on top of the others' flow (+1 622 over
+// Burst + Rate·t, TestCapacityLeasesLongPartition).
+func (c *capacity) resume(e *entry, p *policyState, now mono) {
+	r := e.rare.Load()
+	if r == nil || r.grant.hotFrom.Load() == 0 || e.held() != nil || !c.enabled(p) {
+		return
+	}
+	c.askIfDue(e, &r.grant, now)
 }
 
 // askIfDue starts e's grant call unless one is in flight or the next is
@@ -247,15 +267,34 @@ func (c *capacity) refused(e *entry, p *policyState, holders int, now mono) {
 // twice the limit: 0.72 of the bound with flow, 0.80 with stock alone).
 func (c *capacity) flowFits(lim Limit) bool {
 	n := int64(c.fleetSize())
-	return n <= grantHolders && lim.Burst >= stockFlowMinBurst*n
+	// A slow key's renewal would bring each holder less than that many
+	// tokens: its stock calls are as few, and flow's tokens, each on its
+	// holder's schedule, came a second after the bucket's (10 a minute).
+	return n <= int64(c.maxHolders()) && lim.Burst >= stockFlowMinBurst*n && lim.TokensIn(c.cfg.grantTerm/renewals) >= stockFlowMinBurst*n
 }
 
-// grantHolders is how many grants a bucket keeps (remote's default).
-const grantHolders = 16
+// grantHolders is how many grants a bucket keeps (remote's default), and
+// stockGrantHolders how many under stock records: 20 processes at a key's
+// limit held no flow at 16, and stock alone there cost 8 store calls per
+// 1 000 decisions (the simulator's flood-one-key).
+const (
+	grantHolders      = 16
+	stockGrantHolders = 32
+)
+
+// maxHolders is how many grants a bucket keeps for this limiter's keys.
+func (c *capacity) maxHolders() int {
+	if c.cfg.stock {
+		return stockGrantHolders
+	}
+	return grantHolders
+}
 
 // stockFlowMinBurst is the smallest local burst worth flow under stock
-// records: requests of several tokens need a burst above their size.
-const stockFlowMinBurst = 4
+// records: requests of several tokens need a burst above their size, and
+// a small limit split into the holders' own schedules left windows short
+// (4 holders of a 20/s key burst 20: a 1 s window with 17, at 4).
+const stockFlowMinBurst = 8
 
 // flowDemand is e's sustained demand and an even part of lim's rate in
 // the fleet, in tokens a second.
@@ -346,7 +385,7 @@ func (c *capacity) request(e *entry, p *policyState, cur *holding) remote.GrantR
 		want = min(want, even)
 	}
 	r := remote.GrantRequest{Request: p.request(c.cfg.prefix, e), Holder: c.holder,
-		Want: min(max(want, 1), remote.GrantUnits), Term: c.cfg.grantTerm,
+		Want: min(max(want, 1), remote.GrantUnits), Term: c.cfg.grantTerm, MaxHolders: c.maxHolders(),
 		// Half of Burst for the fleet's grants together, the bucket keeps
 		// room for those without one; counted for at least 8, as a first
 		// count of the fleet may be short and a burst is kept for the
@@ -501,12 +540,15 @@ func (c *capacity) next(e *entry, req remote.GrantRequest, gr remote.Grant) {
 		c.askAsync(e, d)
 	case gr.Share < req.Want && gr.Share < part:
 		c.askAsync(e, c.cfg.grantTerm/(2*renewals)) // short of its want: ask again sooner
-	case c.cfg.stock && (gr.Share < min(req.Want, keyPart) || gr.Share > keyPart && gr.Holders > 1):
+	case c.cfg.stock && (gr.Share < min(req.Want, keyPart)-keyPart/32-1 || gr.Share > keyPart+keyPart/32+1 && gr.Holders > 1):
 		// Flow under stock records is for a process well over an even
 		// part of the key's holders: short of one and of its want, it
 		// asks again soon, as the others' renewals may have made room;
 		// above one beside other holders, it may hold what they wait
-		// for (the store divides by everyone's wants at each ask).
+		// for (the store divides by everyone's wants at each ask). A
+		// unit and a 32nd either way is even enough: a unit's rounding
+		// would ask every 250 ms, and an eighth kept 11 holders at a
+		// twelfth each after a twelfth holder had died.
 		c.askAsync(e, min(c.cfg.grantTerm/(4*renewals), 250*time.Millisecond))
 	case c.cfg.stock && gr.Share > part:
 		// Above an even part of the fleet, alone on the key so far: a
@@ -534,19 +576,34 @@ func (c *capacity) grantBurst(lim Limit) int64 {
 		// rate r and burst b serving requests of 1 to 5 tokens at twice
 		// r keeps 89% of r at b = 6, 99% at 12 (simulated), and a
 		// utilization fleet at 2× demand measured 0.877 with Burst/16
-		// against 0.913 with Burst/N.
-		return max(lim.Burst/int64(max(c.fleetSize(), 1)), 1)
+		// against 0.913 with Burst/N. Counted for at least 4: a grant
+		// keeps its burst for its life, and a fleet with no count (a
+		// store that keeps no heartbeats) gave its first holder all of
+		// Burst and the other three no grant for the whole run.
+		return max(lim.Burst/int64(max(c.fleetSize(), minGrantFleet)), 1)
 	}
 	return max(lim.Burst/int64(2*max(c.fleetSize(), 8)), 1)
 }
+
+// minGrantFleet is the fewest processes a grant's burst is divided among
+// under stock records.
+const minGrantFleet = 4
 
 // stockFlowHeadroom is the part of its measured demand a holder asks as
 // flow under stock records.
 const stockFlowHeadroom = 0.8
 
 // stockFlowOver is how far above an even part of the rate a process's
-// demand must be for flow under stock records.
-const stockFlowOver = 1.5
+// demand must be for flow under stock records, on a key whose bucket came
+// back dry: a process at its limit without flow has no part of the rate
+// counted at the store, and cut off it decides by its degraded share on
+// top of what the others draw (at 1.5 even parts, a third of the fleet
+// cut off with demand between 1 and 1.5 even parts admitted 14% over).
+// stockFlowUnder is where a holder gives its flow back.
+const (
+	stockFlowOver  = 1.0
+	stockFlowUnder = 0.75
+)
 
 // renewals is how many renewals a term spans: a holder that misses one
 // (or a few) keeps its grant, and a newcomer's want reaches every holder
@@ -673,6 +730,14 @@ func (c *capacity) fleetSize() int {
 		return 1
 	}
 	return c.fleet.size()
+}
+
+// flowing reports whether e holds a grant it may still spend at now: one
+// past its end is no flow (a refill skipped for it kept the breaker's
+// probe from ever running after a partition longer than the term).
+func (e *entry) flowing(now mono) bool {
+	h := e.held()
+	return h != nil && now < h.until
 }
 
 // granted is what e's grants admitted, the live one's included.

@@ -45,7 +45,7 @@ func TestGrantAdmitsSurviveEviction(t *testing.T) {
 // RetryAfter is admitted, a microsecond sooner is not (the grant's GCRA
 // at 20/s, burst 5; nobody else spends it).
 func TestGrantRetryAfterIsForN(t *testing.T) {
-	l := grantLimiterOf(t)
+	l := grantLimiterOf(t, WithStrictWindows(true)) // a refusal by the grant stands
 	clk := l.cfg.clk.(*clock.Manual)
 	b, err := local.NewBucket(local.Limit{Rate: 20, Period: time.Second, Burst: 5})
 	require.NoError(t, err)
@@ -109,7 +109,7 @@ func TestFirstGrantAskCountsTheFleet(t *testing.T) {
 func holderOf(t *testing.T, name string, opts ...Option) (*fakeWorld, *Limiter, *entry) {
 	t.Helper()
 	w := newFakeWorld()
-	l := w.limiter(t, Policy{Name: name, Limit: PerSecond(1000)}, append([]Option{WithCapacityLeases(15 * time.Second)}, opts...)...)
+	l := w.limiter(t, Policy{Name: name, Limit: PerSecond(1000)}, append([]Option{WithStrictWindows(true), WithCapacityLeases(15 * time.Second)}, opts...)...)
 	require.True(t, l.Allow(context.Background(), "hot"))
 	e := l.keys.load("hot")
 	e.extra().grant.hotFrom.Store(1)
@@ -226,20 +226,21 @@ func TestStockAsksForFlowAtTheLimit(t *testing.T) {
 		asks   bool
 	}{
 		{"below the limit", 100, 1000, false, false},
-		{"at the limit, an even part", 0, 250, false, false},
+		{"at the limit, under an even part", 0, 200, false, false},
+		{"at the limit, an even part", 0, 250, false, true},
 		{"at the limit, 1.5 even parts", 0, 375, false, true},
-		{"refused, an even part", 0, 250, true, false},
-		{"refused, 1.5 even parts", 0, 400, true, true},
-		// Past the 16 grants a bucket keeps, flow would leave most of the
-		// fleet on stock a token a lease.
-		{"a fleet of 32, 1.5 even parts", 0, 100, false, false},
-		{"a fleet of 32, refused", 0, 100, true, false},
+		{"refused, under an even part", 0, 200, true, false},
+		{"refused, an even part", 0, 250, true, true},
+		// Past the 32 grants a bucket keeps under stock records, flow
+		// would leave most of the fleet on stock a token a lease.
+		{"a fleet of 40, 1.5 even parts", 0, 40, false, false},
+		{"a fleet of 40, refused", 0, 40, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newFakeWorld()
 			fleet := 4
-			if strings.HasPrefix(tc.name, "a fleet of 32") {
-				fleet = 32
+			if strings.HasPrefix(tc.name, "a fleet of 40") {
+				fleet = 40
 			}
 			l := w.limiter(t, Policy{Name: "flow-ask", Limit: PerSecond(1000)}, lenient, WithCapacityLeases(15*time.Second), WithFleetSize(fleet))
 			require.True(t, l.Allow(context.Background(), "k"))
@@ -253,6 +254,7 @@ func TestStockAsksForFlowAtTheLimit(t *testing.T) {
 				l.grants.refused(e, p, 1, now)
 			} else {
 				l.grants.consider(e, p, float64(tc.mean), now)
+				w.clk.Advance(confirmAfter) // it asks after the lease call under way
 			}
 			eventually(t, "the grant call to end", func() bool { return !e.extra().grant.asking.Load() })
 			if got := e.held() != nil; got != tc.asks {
@@ -262,11 +264,12 @@ func TestStockAsksForFlowAtTheLimit(t *testing.T) {
 				return
 			}
 			require.Equal(t, int64(250), e.held().bucket.Limit().Burst, "an even part of Burst")
-			// Demand gone below an even part: the renewal gives it back.
+			// Demand gone below three quarters of an even part: the
+			// renewal gives it back.
 			e.mu.Lock()
-			e.demand.mean = 200
+			e.demand.mean = 150
 			e.mu.Unlock()
-			l.grants.consider(e, p, 200, now)
+			l.grants.consider(e, p, 150, now)
 			l.grants.ask(e)
 			require.Nil(t, e.held(), "the flow was not given back")
 		})

@@ -144,10 +144,19 @@ func TestSettledCostsKeepTheBound(t *testing.T) {
 // over.
 func TestChargeRefundKeepsEveryWindow(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{{"decaying", []Option{decaying}}, {"default", nil}} {
+		t.Run(tc.name, func(t *testing.T) { chargeRefundWindow(t, tc.opts...) })
+	}
+}
+
+func chargeRefundWindow(t *testing.T, opts ...Option) {
 	var adm []admission
 	admit := admitOn(&adm)
 	lim := Limit{Rate: 10, Period: time.Second, Burst: 10}
-	a, b, c := loneTrio(t, "refund-window", lim)
+	a, b, c := loneTrio(t, "refund-window-"+time.Now().Format("150405.000000"), lim, opts...)
 	asked := time.Now()
 	ctx := context.Background()
 	ch, err := a.ChargeN(ctx, "k", 8)

@@ -14,7 +14,7 @@ import (
 // TestChargeSettle: what a settled charge does with the difference between
 // its estimate and the actual cost, on a bucket of 100 at 10/s that no
 // clock advance refills: a refund goes into the key's lease with no store
-// call, an extra comes from the lease first, and the rest is debited, so
+// call when the lease gave the estimate (else it lapses), an extra comes from the lease first, and the rest is debited, so
 // that the bucket's next token waits for the debt to be paid.
 func TestChargeSettle(t *testing.T) {
 	t.Parallel()
@@ -28,10 +28,16 @@ func TestChargeSettle(t *testing.T) {
 		nextTokenAtLeast time.Duration
 		nextTokenAtMost  time.Duration
 		prime            int64 // a charge refunded whole first: tokens in the lease
+		expired          int64 // refunded tokens that lapse
+		fromLease        bool  // decisions first, until the lease holds the estimate
 	}{
-		{name: "refund into the lease", estimate: 50, actual: 20, leaseDelta: 30},
+		{name: "refund into the lease", prime: 10, estimate: 2, actual: 1, leaseDelta: 1, fromLease: true},
 		{name: "exact", estimate: 50, actual: 50},
-		{name: "refund of everything", estimate: 50, actual: 0, leaseDelta: 50},
+		{name: "refund of everything", prime: 10, estimate: 2, actual: 0, leaseDelta: 2, fromLease: true},
+		// A store call handed the estimate out at once: no record counts
+		// it, and its refund goes to the bucket (no clock advance here:
+		// nothing refilled, nothing lapses).
+		{name: "refund of a store call's charge", estimate: 50, actual: 20, storeCalls: 1},
 		{name: "extra from the lease", prime: 10, estimate: 2, actual: 5, leaseDelta: -3},
 		{name: "extra as debt", estimate: 100, actual: 150, storeCalls: 1, debited: 50,
 			nextTokenAtLeast: 5 * time.Second},
@@ -47,13 +53,21 @@ func TestChargeSettle(t *testing.T) {
 				require.NoError(t, err)
 				require.NoError(t, ch.Settle(0))
 			}
+			for i := 0; tc.fromLease && i < 20 && l.keys.load("k").lease.Tokens() < tc.estimate; i++ {
+				require.True(t, l.Allow(ctx, "k"))
+				quiesce(t, l)
+			}
 			ch, err := l.ChargeN(ctx, "k", tc.estimate)
 			require.NoError(t, err)
 			require.True(t, ch.Allowed, "%+v", ch.Decision)
+			if tc.fromLease {
+				require.Equal(t, SourceLease, ch.Source)
+			}
 			quiesce(t, l)
 			e := l.keys.load("k")
-			lease, calls := e.lease.Tokens(), l.Stats().StoreCalls
+			lease, calls, expired := e.lease.Tokens(), l.Stats().StoreCalls, l.Stats().TokensExpired
 			require.NoError(t, ch.Settle(tc.actual))
+			require.Equal(t, tc.expired, l.Stats().TokensExpired-expired, "refunded tokens lapsed")
 			if tc.debited > 0 {
 				eventually(t, "the debit", func() bool { return l.Stats().TokensDebited >= tc.debited })
 			}
@@ -232,7 +246,7 @@ func requireLast(t *testing.T, l *Limiter, key string, last int64) {
 // no store call.
 func TestStrictRefundOfAStoreCallDecays(t *testing.T) {
 	w := newFakeWorld()
-	l := w.limiter(t, Policy{Name: "refund-line", Limit: Limit{Rate: 10_000, Period: time.Minute, Burst: 10_000}})
+	l := w.limiter(t, Policy{Name: "refund-line", Limit: Limit{Rate: 10_000, Period: time.Minute, Burst: 10_000}}, decaying)
 	ctx := context.Background()
 	ch, err := l.ChargeN(ctx, "k", 4000)
 	require.NoError(t, err)
@@ -265,7 +279,7 @@ func TestStrictRefundOfAStoreCallDecays(t *testing.T) {
 // passed since the charge (measured: 400 more, then 6 fewer).
 func TestStrictRefundFromALeaseDecays(t *testing.T) {
 	w := newFakeWorld()
-	l := w.limiter(t, Policy{Name: "refund-lease", Limit: Limit{Rate: 10_000, Period: time.Minute, Burst: 10_000}})
+	l := w.limiter(t, Policy{Name: "refund-lease", Limit: Limit{Rate: 10_000, Period: time.Minute, Burst: 10_000}}, decaying)
 	ctx := context.Background()
 	keys := []string{"refunded", "kept"}
 	for range 6 { // the first call takes 1, the next a lease

@@ -281,6 +281,7 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 		return l.withoutCall(e, n, l.reject(e, p, SourceLease, time.Duration(until-now), now)), true, nil
 	}
 	if l.outage.held(now) {
+		l.grants.resume(e, p, now)
 		return l.withoutCall(e, n, l.outage.decide(e, p, n, now)), true, nil
 	}
 	if since := e.callSince.Load(); since != 0 && now.sub(since-1) > l.cfg.storeTimeout {

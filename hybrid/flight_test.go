@@ -236,6 +236,9 @@ func TestColdDecisionAllocations(t *testing.T) {
 	for i := range reqs {
 		reqs[i] = remote.Request{Prefix: l.cfg.prefix, Policy: p.Name, Key: keys[calls+i], Limit: p.Limit,
 			Version: 1, N: 2, Min: 1, Need: 1}
+		if l.cfg.stock { // the same request, with its record
+			reqs[i].Stock = remote.Stock{Holder: l.outage.id, Spend: 1, Seq: int64(i + 1), Term: 2 * time.Second}
+		}
 	}
 	leases := allocs.Fewest(batches, runs, func(i int) {
 		if _, err := store.Lease(ctx, reqs[i]); err != nil {

@@ -17,10 +17,15 @@ var t0 = time.Unix(1_700_000_000, 0)
 // quiet drops mode-change logs in tests.
 var quiet = WithLogger(slog.New(slog.DiscardHandler))
 
-// lenient pins leases that keep their tokens until their TTL, for tests of
-// what that mode does (sizing by demand, tokens given back whole, charges
-// refunded into the lease); the default's leases decay.
-var lenient = WithStrictWindows(false)
+// lenient pins stock leases without flow, for tests of what stock alone
+// does (sizing by demand, tokens given back whole, charges refunded into
+// the lease); WithCapacityLeases given after it turns flow back on.
+var lenient = optionFunc(func(c *config) { c.strict, c.grantTerm, c.grantTermSet = false, 0, true })
+
+// decaying pins leases that decay as their bucket refills, with no grants
+// unless WithCapacityLeases asks for them, for tests of what that mode
+// does (WithStrictWindows(true)).
+var decaying = WithStrictWindows(true)
 
 // fakeWorld is a MemoryStore and every limiter on one manual clock.
 type fakeWorld struct {

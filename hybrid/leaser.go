@@ -95,7 +95,16 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int6
 	}
 	perHorizon := rate * horizon.Seconds()
 	batch := int64(math.Ceil(perHorizon))
-	batch = min(max(batch, 1), p.tier(e).maxLease)
+	most := p.tier(e).maxLease
+	if ls.stock(p) && !ls.paced(p, e) && !ls.cfg.maxFractionSet {
+		// A record counts a lease until its holder's next call, and
+		// Burst/(2N) each leaves the bucket room for the rest (see
+		// request): a burst is served in that many, not in the
+		// maximum lease's tenths of Burst (28 calls in the first
+		// 100 ms of 4 processes at twice the limit).
+		most = max(most, ls.stockShare(p.tier(e)))
+	}
+	batch = min(max(batch, 1), most)
 	low := min(int64(perHorizon/2), batch/2)
 	if p.hold > 0 {
 		// A sliding window's lease is refilled when dry, not before:
@@ -172,7 +181,8 @@ func (ls *leaser) alone(now mono) bool {
 // simulator's) it runs as the clock's callback, inside Advance, where a
 // run is deterministic.
 func (ls *leaser) refillAsync(e *entry) {
-	if e.reserved() > e.lease.LowWater() || e.refilling.Load() || ls.outage.held(ls.cfg.now()) || ls.cfg.stock && e.held() != nil || !e.refilling.CompareAndSwap(false, true) {
+	now := ls.cfg.now()
+	if e.reserved() > e.lease.LowWater() || e.refilling.Load() || ls.outage.held(now) || ls.cfg.stock && e.flowing(now) || !e.refilling.CompareAndSwap(false, true) {
 		return
 	}
 	if ls.cfg.clk == clock.Real() {
@@ -427,10 +437,10 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 	// when no full lease can be future-dated.
 	minimum, floor := max(need, 1), max(need, 1)
 	req := p.request(ls.cfg.prefix, e)
-	if need == 0 && ls.paced(p) {
+	if need == 0 && ls.paced(p, e) {
 		minimum = want
 	}
-	if ls.stock(p) && e.held() != nil {
+	if ls.stock(p) && e.flowing(now) {
 		// A holder of flow asks stock for what its flow refused: the
 		// bucket refills only at the rate the grants leave, and a lease
 		// of the token or two there at each refusal was a store call
@@ -438,7 +448,7 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 		// waits for a whole lease.
 		minimum, floor = max(need, want), max(need, want)
 	}
-	if ls.paced(p) && !e.grantMode() {
+	if ls.paced(p, e) && !e.grantMode() {
 		// A key that holds or asks for a grant future-dates nothing: no
 		// share rises while future-dated tokens are out.
 		req.MaxDelay = ls.cfg.maxDelay
@@ -458,6 +468,12 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 // WithStrictWindows, on a store that is not a region's).
 func (ls *leaser) stock(p *policyState) bool { return ls.cfg.stock && !p.shaped }
 
+// stockGrantWait is how long a refusal holds under stock records on a key
+// that waits for flow or holds it: its stock is what flow leaves, a sliver
+// at each call (16 goroutines at twice the limit made 27 calls in their
+// first 100 ms with 5 ms).
+const stockGrantWait = 20 * time.Millisecond
+
 // stockGrace is how long the store counts a lease's record past the
 // term its holder spends by (stockUntil): the holder's coarse clock
 // (coarseTick) may fall behind by as much as its timers are late, and
@@ -468,9 +484,17 @@ const stockGrace = time.Second
 // bucket with WithMaxReservation above 0. Under stock records a
 // future-dated lease holds its record's room before its tokens are due,
 // so contendedShare asks for one only on a dry key, and request caps it
-// at stockShare.
-func (ls *leaser) paced(p *policyState) bool {
-	return ls.cfg.maxDelay > 0 && !p.shaped && !(ls.cfg.stock && ls.cfg.grantTerm > 0)
+// at stockShare. Not where flow serves a key at its limit: a
+// future-dated lease keeps the bucket's level below zero, where grants
+// may not rise (measured: grants at share 0 for the first 1.2 s).
+func (ls *leaser) paced(p *policyState, e *entry) bool {
+	return ls.cfg.maxDelay > 0 && !p.shaped && !ls.flows(p.tier(e))
+}
+
+// flows reports whether keys of tier t at their limit hold flow: stock
+// records and grants on, and a fleet flow fits (capacity.flowFits).
+func (ls *leaser) flows(t *tierState) bool {
+	return ls.cfg.stock && ls.cfg.grantTerm > 0 && ls.grants != nil && ls.grants.flowFits(t.limits[0])
 }
 
 // stockShare is the most a lease asks for under stock records, beyond
@@ -502,7 +526,7 @@ func (ls *leaser) stockUntil(start mono, delay time.Duration) mono {
 // half). 0 when the key is not contended, reservations are off, or the
 // store is not known healthy.
 func (ls *leaser) contendedShare(e *entry, p *policyState, now mono) int64 {
-	if !ls.paced(p) || ls.store.State() != gobreaker.StateClosed || ls.outage.held(now) || e.grantMode() {
+	if !ls.paced(p, e) || ls.store.State() != gobreaker.StateClosed || ls.outage.held(now) || e.grantMode() {
 		// A probe of a store that was down gets a plain lease: a long
 		// grant would fall due while the recovery hold still decides by
 		// the degraded share, and be spent on top of it.
@@ -615,13 +639,22 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, req remote.
 		// Waiting for its grant, a key at its limit is not paced: a
 		// refusal holds a little longer, or each decision would be a
 		// store call until the grant comes.
-		res.RetryAfter = max(res.RetryAfter, grantWaitRefusal)
+		hold := grantWaitRefusal
+		if ls.stock(p) {
+			hold = stockGrantWait
+		}
+		res.RetryAfter = max(res.RetryAfter, hold)
 	}
-	refused := max(need, 1)
-	if ls.stock(p) && e.held() != nil {
+	refused, until := max(need, 1), now.add(res.RetryAfter)
+	if ls.stock(p) && e.flowing(now) {
 		refused = 1 // it asked for a whole lease (see request)
+		// Grants hold the rate until a renewal divides it again: the
+		// store's wait then is its own guess (a second), and a call
+		// each second from every holder at the limit was 2 of its 3
+		// store calls per 1 000 admitted.
+		until = max(until, e.extra().grant.nextAt.Load())
 	}
-	e.answer.refuse(refused, now.add(res.RetryAfter))
+	e.answer.refuse(refused, until)
 	if p.hold > 0 {
 		// Returns reach the window at each sweep of the fleet.
 		e.extra().recheckAt.Store(now.add(ls.cfg.sweepInterval))

@@ -277,8 +277,10 @@ func (l *Limiter) holdBeat() {
 
 // Close stops the limiter: background work ends, pending reservations are
 // cancelled, and every unspent leased token is given back to the store
-// (bounded by ctx). Close is idempotent; later calls return nil. After
-// Close, AllowN returns ErrClosed and Allow returns false.
+// (bounded by ctx). With the store down it returns an error wrapping
+// remote.ErrUnavailable: what it could not give back stays counted at the
+// store until its term ends. Close is idempotent; later calls return nil.
+// After Close, AllowN returns ErrClosed and Allow returns false.
 func (l *Limiter) Close(ctx context.Context) error {
 	if !l.keys.closed.CompareAndSwap(false, true) {
 		return nil

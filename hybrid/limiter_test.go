@@ -164,7 +164,7 @@ func TestCloseGivesTokensBack(t *testing.T) {
 	}
 }
 
-// TestCloseGivesBackTheLastGrant: decaying leases (the default) give their
+// TestCloseGivesBackTheLastGrant: decaying leases (WithStrictWindows) give their
 // unspent tokens back at Close only to a bucket nobody took from since
 // their grant (remote.Request.FullAt); otherwise they lapse, counted as
 // expired. Without it a lone process's restart left a bucket of 1 000
@@ -184,7 +184,7 @@ func TestCloseGivesBackTheLastGrant(t *testing.T) {
 	}
 	t.Run("alone", func(t *testing.T) {
 		w := newFakeWorld()
-		l := w.limiter(t, Policy{Name: "alone", Limit: lim}, WithFleetSize(1))
+		l := w.limiter(t, Policy{Name: "alone", Limit: lim}, WithFleetSize(1), decaying)
 		for i := range 50 {
 			require.True(t, l.Allow(ctx, "k"), "decision %d", i)
 		}
@@ -200,7 +200,7 @@ func TestCloseGivesBackTheLastGrant(t *testing.T) {
 	t.Run("taken from since", func(t *testing.T) {
 		w := newFakeWorld()
 		p := Policy{Name: "pair", Limit: lim}
-		a, b := w.limiter(t, p, WithFleetSize(2)), w.limiter(t, p, WithFleetSize(2))
+		a, b := w.limiter(t, p, WithFleetSize(2), decaying), w.limiter(t, p, WithFleetSize(2), decaying)
 		for range 50 {
 			require.True(t, a.Allow(ctx, "k"))
 		}

@@ -26,36 +26,40 @@ type config struct {
 	// stock: leases of token buckets are counted under this process's
 	// record at the store until their term (remote.Stock); set by New
 	// when the store keeps records and leases do not decay.
-	stock         bool
-	horizon       time.Duration
-	maxFraction   float64
-	storeTimeout  time.Duration
-	refillTimeout time.Duration
-	maxKeys       int
-	clk           clock.Clock
-	outage        OutageMode
-	fleetSize     int
-	maxDelay      time.Duration
-	maxDelaySet   bool
-	logger        *slog.Logger
-	sweepInterval time.Duration
-	tierOf        func(key string) string
-	hbInterval    time.Duration
-	hbExpiry      time.Duration
-	policyPoll    time.Duration
-	seed          uint64
-	seeded        bool
-	precedence    PolicyPrecedence
-	recoveryHold  time.Duration
-	grantTerm     time.Duration
-	epoch         time.Time // process clock origin of every mono value; set by New
+	stock       bool
+	horizon     time.Duration
+	maxFraction float64
+	// maxFractionSet: WithMaxLeaseFraction was given, and caps stock
+	// leases too (else they may take an even part of Burst).
+	maxFractionSet bool
+	storeTimeout   time.Duration
+	refillTimeout  time.Duration
+	maxKeys        int
+	clk            clock.Clock
+	outage         OutageMode
+	fleetSize      int
+	maxDelay       time.Duration
+	maxDelaySet    bool
+	logger         *slog.Logger
+	sweepInterval  time.Duration
+	tierOf         func(key string) string
+	hbInterval     time.Duration
+	hbExpiry       time.Duration
+	policyPoll     time.Duration
+	seed           uint64
+	seeded         bool
+	precedence     PolicyPrecedence
+	recoveryHold   time.Duration
+	grantTerm      time.Duration
+	grantTermSet   bool      // WithCapacityLeases was given
+	epoch          time.Time // process clock origin of every mono value; set by New
 }
 
 func buildConfig(opts []Option) (config, error) {
 	c := config{
 		prefix:       remote.DefaultPrefix,
 		leaseTTL:     time.Second,
-		strict:       true, // WithStrictWindows
+		strict:       false, // WithStrictWindows
 		horizon:      100 * time.Millisecond,
 		maxFraction:  0.1,
 		storeTimeout: 50 * time.Millisecond,
@@ -69,6 +73,9 @@ func buildConfig(opts []Option) (config, error) {
 	}
 	for _, o := range opts {
 		o.apply(&c)
+	}
+	if !c.grantTermSet && !c.strict {
+		c.grantTerm = defaultGrantTerm
 	}
 	if c.hbExpiry == 0 {
 		c.hbExpiry = 3 * c.hbInterval
@@ -141,50 +148,16 @@ func WithTier(tierOf func(key string) string) Option {
 // may be future-dated (half of it, see WithMaxReservation).
 func WithLeaseTTL(d time.Duration) Option { return optionFunc(func(c *config) { c.leaseTTL = d }) }
 
-// WithStrictWindows sets whether the bound holds in every window of time,
-// not only over the fleet's admissions from the start. It is on by
-// default: a token bucket's lease holds its tokens while the bucket, as
-// the grant left it, refills to the level the grant came from, then loses
-// a token per token of refill (see leaser.lifetime for why that holds
-// whoever holds what). The tokens a call brings for the callers waiting
-// on it are theirs at once. A key below its limit has a near-full bucket,
-// whose leases decay about as soon as they are granted; a process in
-// company takes a spare from a bucket at least half full (half an even
-// part of its level, at most a maximum lease), so that each grant holds a
-// little longer than the last (4 limiters at half the limit of a 100/s
-// key: 0.22 store calls per decision, against 0.47 with the option off;
-// TestKeySpreadBelowItsLimit), and a process the fleet count says is
-// alone takes a cold key's whole level, whose decay is only the refill
-// behind it (one process on 100 000 Zipf keys: close to the idle floor,
-// the benchmarks' hybrid+strict rows). A key at its limit, whose bucket
-// is in deficit, keeps its leases, and a process asking less than the
-// rate there is granted at most what it can spend before the grant's line
-// ends (see strictTail: more store calls, fewer tokens dropped).
-//
-// What it costs: a leased key's Allow reads the clock (54.5 ns against
-// 21 serial on the machine measured, BenchmarkAllow); a lease from a near-full bucket lasts about its
-// refill, not the lease TTL, so it carries no process through a stalled
-// Redis (the decision that finds it dry waits the store timeout before
-// the degraded share decides); and unspent tokens are dropped when their
-// line ends, and at Close and eviction unless their grant is still the
-// bucket's last take (then they go back: remote.Request.FullAt).
-//
-// Off, a token bucket's lease is stock: the store counts its tokens under
-// this process's record until the lease's term (the lease TTL; see
-// remote.Stock), and its bucket refills only up to Burst less what every
-// holder holds, so the bound still holds in every window with no token
-// decaying. A leased Allow reads no clock (a goroutine moves a coarse
-// one every 10 ms), and a lease asks at most Burst/(2N) in a fleet of N,
-// as a holder's record counts what it held at its last call until its
-// next. docs/how-it-works.md, "Stock records", has what it costs; over a
-// store that keeps no records (a region's, remote/tiered), a lease keeps
-// its tokens until its TTL and a later window can also see tokens leased
-// before it.
-// Sliding windows and several limits keep their own leases, and a limiter
-// over a region's store (remote/tiered, found through wrappers that have
-// an Unwrap method) keeps the bound from the start only: the region's
-// pools hold the parent's tokens for their TTL, so its bucket refills
-// behind them whatever the leases do.
+// WithStrictWindows chooses how a token bucket's leases keep the bound in
+// every window. Off, the default, a lease is stock: the store counts its
+// tokens under this process's record until its term (remote.Stock) and
+// refills the bucket only up to Burst less what every holder holds, and a
+// key its fleet asks well past the rate holds flow (WithCapacityLeases).
+// On, leases decay instead: a lease loses a token per token its bucket
+// refills, nothing is counted at the store, and there are no grants unless
+// WithCapacityLeases asks for them. docs/how-it-works.md compares the two.
+// Over a region's store (remote/tiered) leases are plain either way: the
+// region's pools hold the parent's tokens for their TTL.
 func WithStrictWindows(on bool) Option { return optionFunc(func(c *config) { c.strict = on }) }
 
 // regional reports whether s, or a store it wraps (through Unwrap, as
@@ -217,9 +190,11 @@ func WithRefillHorizon(d time.Duration) Option {
 }
 
 // WithMaxLeaseFraction caps a lease at this fraction of Burst (at least one
-// token), so that no process hoards the bucket. The default is 0.1.
+// token), so that no process hoards the bucket. The default is 0.1, and
+// stock leases (see WithStrictWindows) may take up to Burst/(2N) in a
+// fleet of N unless this option is given.
 func WithMaxLeaseFraction(f float64) Option {
-	return optionFunc(func(c *config) { c.maxFraction = f })
+	return optionFunc(func(c *config) { c.maxFraction, c.maxFractionSet = f, true })
 }
 
 // WithStoreTimeout bounds how long a decision waits for the store; Allow
@@ -282,20 +257,22 @@ func WithSeed(seed uint64) Option {
 	return optionFunc(func(c *config) { c.seed, c.seeded = seed, true })
 }
 
-// WithCapacityLeases gives keys with sustained demand capacity grants
-// with the given term (see remote.Granter): a share of the rate, divided
-// among holders by their measured demand, spent locally with no store call
-// per admission or per batch and renewed every quarter of the term. A
-// process cut off from the store keeps admitting by its grant until the
-// term ends, so a partition shorter than the term admits nothing over the
-// limit; the price is that a crashed holder's grant stays counted until
-// its term ends (Close gives it back at once). 0 turns grants off. A
-// longer term rides out longer partitions and costs more after a crash:
-// 15 s covers a Redis failover (a few seconds) with two renewals to spare.
-// Sliding windows and several limits take no grants.
+// WithCapacityLeases sets the term of capacity grants (flow): a share of
+// the rate, divided among holders by demand, spent locally with no store
+// call and renewed every quarter of the term. A holder cut off from the
+// store keeps admitting by its grant until the term ends, so a partition
+// shorter than the term admits nothing over the limit; a crashed holder's
+// share stays counted until its term ends (Close gives it back at once).
+// The default is 15 s, which rides out a Redis failover with renewals to
+// spare (under WithStrictWindows(true), no grants); 0 turns grants off. Sliding windows and several limits take no grants.
 func WithCapacityLeases(term time.Duration) Option {
-	return optionFunc(func(c *config) { c.grantTerm = term })
+	return optionFunc(func(c *config) { c.grantTerm, c.grantTermSet = term, true })
 }
+
+// defaultGrantTerm is the grants' term unless WithCapacityLeases sets it:
+// a Redis failover takes a few seconds, and 15 s rides one out with two
+// renewals to spare.
+const defaultGrantTerm = 15 * time.Second
 
 // WithRecoveryHold bounds how long a process whose store came back keeps
 // deciding by its degraded share while processes that heartbeats counted

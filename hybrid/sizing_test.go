@@ -108,7 +108,7 @@ func TestStrictGrantIgnoresACatchUpBurst(t *testing.T) {
 	t.Parallel()
 	lim := Limit{Rate: 400, Period: time.Second, Burst: 40}
 	w := newFakeWorld()
-	l := w.limiter(t, Policy{Name: "stall", Limit: lim}, WithFleetSize(4))
+	l := w.limiter(t, Policy{Name: "stall", Limit: lim}, WithFleetSize(4), decaying)
 	require.True(t, l.Allow(context.Background(), "k"))
 	e := l.keys.load("k")
 	require.NotNil(t, e)

@@ -200,7 +200,7 @@ func TestEdgeOfLaterWindows(t *testing.T) {
 func TestCloseReturnKeepsEveryWindow(t *testing.T) {
 	t.Parallel()
 	lim := Limit{Rate: 10, Period: time.Second, Burst: 10}
-	a, b, c := loneTrio(t, "close-window", lim)
+	a, b, c := loneTrio(t, "close-window", lim, decaying)
 	ctx := context.Background()
 	var adm []admission
 	admit := admitOn(&adm)
@@ -223,8 +223,8 @@ func TestCloseReturnKeepsEveryWindow(t *testing.T) {
 // loneTrio returns three limiters of a policy of lim on standalone Redis,
 // each counting itself alone in the fleet (WithFleetSize(1)): each takes
 // a bucket's whole level as its lease.
-func loneTrio(t *testing.T, name string, lim Limit) (a, b, c *Limiter) {
-	lims := newFleet(t, 3, runPolicy(name, lim), standaloneDial, WithFleetSize(1))
+func loneTrio(t *testing.T, name string, lim Limit, opts ...Option) (a, b, c *Limiter) {
+	lims := newFleet(t, 3, runPolicy(name, lim), standaloneDial, append([]Option{WithFleetSize(1)}, opts...)...)
 	return lims[0], lims[1], lims[2]
 }
 

@@ -41,7 +41,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	seed := fl.Uint64("seed", 0, "random seed (0: each scenario's own)")
 	out := fl.String("out", "sim-out", "directory for plots")
 	list := fl.Bool("list", false, "list the default suite and exit")
-	strict := fl.Bool("strict-windows", true, "hybrid.WithStrictWindows for every scenario, overriding a scenario's strict_windows: true (the library's default) keeps the bound in every window with decaying leases, false runs leases that keep their tokens (see docs/how-it-works.md)")
+	strict := fl.Bool("strict-windows", false, "hybrid.WithStrictWindows for every scenario, overriding a scenario's strict_windows: false (the library's default) counts leases as stock at the store and lets keys at their limit hold flow, true keeps the bound with decaying leases instead (see docs/how-it-works.md)")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}

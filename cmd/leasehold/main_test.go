@@ -46,7 +46,10 @@ func TestCommands(t *testing.T) {
 			// slowness).
 			lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: name, Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 10}},
 				hybrid.WithLogger(slog.New(slog.DiscardHandler)), hybrid.WithHeartbeat(50*time.Millisecond, time.Second),
-				hybrid.WithStoreTimeout(10*time.Second))
+				hybrid.WithStoreTimeout(10*time.Second),
+				// No stock record: the bucket's level is then 10 less the
+				// 3 decided (a record would count its lease's spare too).
+				hybrid.WithStrictWindows(true))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -158,7 +161,10 @@ func TestPolicyInCodeVersusStore(t *testing.T) {
 			var logs logtest.Buffer
 			lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: "api", Limit: hybrid.PerSecond(5)},
 				append(tc.opts, hybrid.WithPrefix(prefix), hybrid.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
-					hybrid.WithStoreTimeout(10*time.Second))...)
+					hybrid.WithStoreTimeout(10*time.Second),
+				// No stock record: the bucket's level is then 10 less the
+				// 3 decided (a record would count its lease's spare too).
+				hybrid.WithStrictWindows(true))...)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -18,8 +18,11 @@ import (
 func testLimiter(t *testing.T, p hybrid.Policy) (*hybrid.Limiter, *clock.Manual) {
 	t.Helper()
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	// Decaying leases: the exact values below are those of a bucket
+	// that counts no stock records (a record held until its term puts
+	// its holder's unspent tokens in the reset time).
 	lim, err := hybrid.New(remote.NewMemory(clk), p, hybrid.WithClock(clk), hybrid.WithMaxReservation(0),
-		hybrid.WithLogger(slog.New(slog.DiscardHandler)))
+		hybrid.WithLogger(slog.New(slog.DiscardHandler)), hybrid.WithStrictWindows(true))
 	if err != nil {
 		t.Fatal(err)
 	}
