@@ -161,10 +161,7 @@ func TestPolicyInCodeVersusStore(t *testing.T) {
 			var logs logtest.Buffer
 			lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: "api", Limit: hybrid.PerSecond(5)},
 				append(tc.opts, hybrid.WithPrefix(prefix), hybrid.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
-					hybrid.WithStoreTimeout(10*time.Second),
-				// No stock record: the bucket's level is then 10 less the
-				// 3 decided (a record would count its lease's spare too).
-				hybrid.WithStrictWindows(true))...)
+					hybrid.WithStoreTimeout(10*time.Second))...)
 			if err != nil {
 				t.Fatal(err)
 			}
