@@ -142,7 +142,8 @@ func WithTier(tierOf func(key string) string) Option {
 
 // WithLeaseTTL sets how long leased tokens may sit unspent before they are
 // given back. Shorter returns tokens sooner; longer saves store calls on
-// bursty keys. The default is 1 s. Under WithStrictWindows (the default) a
+// bursty keys. The default is 1 s; a stock lease's record counts it 1 s
+// past its TTL. Under WithStrictWindows(true) a
 // token bucket's lease ends with its line instead; the TTL then bounds the
 // leases of sliding windows and several limits, and how far ahead a grant
 // may be future-dated (half of it, see WithMaxReservation).

@@ -186,12 +186,15 @@ type backend struct {
 	name string
 	dial func(*testing.T) redis.UniversalClient
 	key  string
+	// opts and firstMost are a test's own, per case.
+	opts      []Option
+	firstMost float64
 }
 
 // backends are the shared standalone server and the shared cluster, with
 // their keys (a cluster key with a hash tag, to check its slot is kept).
 func backends(standaloneKey, clusterKey string) []backend {
-	return []backend{{"standalone", standaloneDial, standaloneKey}, {"cluster", clusterDial, clusterKey}}
+	return []backend{{name: "standalone", dial: standaloneDial, key: standaloneKey}, {name: "cluster", dial: clusterDial, key: clusterKey}}
 }
 
 // runPolicy is a policy of lim named for this run only: runs never share

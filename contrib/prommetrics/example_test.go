@@ -51,7 +51,6 @@ func ExampleNewCollector() {
 		}
 	}
 	// Output:
-	// lease admitted 1
-	// remote admitted 2
+	// remote admitted 3
 	// remote rejected 1
 }
