@@ -28,7 +28,10 @@ func TestRetryAfterMatchesRedisRate(t *testing.T) {
 	c := srv.Client(t)
 	ctx := context.Background()
 	name := "retry-" + time.Now().Format("150405.000000")
-	lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: name, Limit: hybrid.PerSecond(20)})
+	// Stock without flow: flow answers for its grant's own GCRA, whose
+	// burst is a quarter of Burst, and the default was 8–18 ms off at the
+	// median (a target of the one model still missed).
+	lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: name, Limit: hybrid.PerSecond(20)}, hybrid.WithCapacityLeases(0))
 	if err != nil {
 		t.Fatal(err)
 	}

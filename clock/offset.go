@@ -73,3 +73,13 @@ type shifted struct {
 }
 
 func (s shifted) Now() time.Time { return s.Clock.Now().Add(s.d) }
+
+// Realtime reports whether c runs at the system clock's pace: Real, or
+// Real shifted by Shifted. Its durations and timers are real time, and
+// work timed by it may run on goroutines of its own.
+func Realtime(c Clock) bool {
+	if s, ok := c.(shifted); ok {
+		return Realtime(s.Clock)
+	}
+	return c == Real()
+}

@@ -182,8 +182,14 @@ func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
 		// where flow's local bursts would split the bucket.
 		mean, even := c.flowDemand(e, lim)
 		if mean < stockFlowUnder*even || !c.flowFits(lim) {
-			// The next renewal gives the flow back: stock serves.
+			// The next renewal gives the flow back: stock serves. A
+			// fleet flow no longer fits (a process found alone) gives
+			// it back now: its grant splits the bucket meanwhile.
+			was := g.hotFrom.Load()
 			g.hotFrom.Store(0)
+			if was != 0 && !c.flowFits(lim) && e.held() != nil && !g.asking.Load() {
+				c.askAsync(e, confirmAfter)
+			}
 			return
 		}
 		if e.held() == nil && e.answer.seen() && e.answer.level.Load() <= 0 && mean >= stockFlowOver*even {
@@ -266,6 +272,12 @@ func (c *capacity) refused(e *entry, p *policyState, holders int, now mono) {
 // bursts of one token or none (64 processes on one key of burst 100 at
 // twice the limit: 0.72 of the bound with flow, 0.80 with stock alone).
 func (c *capacity) flowFits(lim Limit) bool {
+	if c.fleet != nil && alone(c.cfg, c.fleet, c.cfg.now()) {
+		// Alone, flow would only split the bucket: a grant's burst is
+		// a quarter of Burst, and one process against redis_rate got
+		// RetryAfter 15 ms off at the median (0.1–0.4 ms with stock).
+		return false
+	}
 	n := int64(c.fleetSize())
 	// A slow key's renewal would bring each holder less than that many
 	// tokens: its stock calls are as few, and flow's tokens, each on its

@@ -171,8 +171,12 @@ func (ls *leaser) decayingSpare(e *entry, t *tierState, now mono) int64 {
 // alone reports whether the fleet count says this process is the only
 // one drawing its buckets: WithFleetSize(1), or heartbeats counting 1
 // from the second on.
-func (ls *leaser) alone(now mono) bool {
-	return ls.cfg.fleetSize == 1 || ls.cfg.fleetSize <= 1 && ls.outage.count.Load() == 1 && now >= mono(2*ls.cfg.hbInterval)
+func (ls *leaser) alone(now mono) bool { return alone(ls.cfg, ls.outage, now) }
+
+// alone reports whether the fleet is this process alone: so configured,
+// or counted alone by heartbeats for two of their intervals.
+func alone(cfg *config, o *outage, now mono) bool {
+	return cfg.fleetSize == 1 || cfg.fleetSize <= 1 && o.count.Load() == 1 && now >= mono(2*cfg.hbInterval)
 }
 
 // refillAsync starts a background refill of e unless one is running or
@@ -187,7 +191,7 @@ func (ls *leaser) refillAsync(e *entry) {
 	if e.reserved() > e.lease.LowWater() || e.refilling.Load() || ls.outage.held(now) || ls.cfg.stock && e.flowing(now) || !e.refilling.CompareAndSwap(false, true) {
 		return
 	}
-	if ls.cfg.clk == clock.Real() {
+	if clock.Realtime(ls.cfg.clk) {
 		f, lead := ls.flights.join(ls, e, 0)
 		if !lead {
 			e.refilling.Store(false) // the flight under way refills
@@ -470,12 +474,6 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 // WithStrictWindows, on a store that is not a region's).
 func (ls *leaser) stock(p *policyState) bool { return ls.cfg.stock && !p.shaped }
 
-// stockGrantWait is how long a refusal holds under stock records on a key
-// that waits for flow or holds it: its stock is what flow leaves, a sliver
-// at each call (16 goroutines at twice the limit made 27 calls in their
-// first 100 ms with 5 ms).
-const stockGrantWait = 20 * time.Millisecond
-
 // stockGrace is how long the store counts a lease's record past the
 // term its holder spends by (stockUntil): the holder's coarse clock
 // (coarseTick) may fall behind by as much as its timers are late, and
@@ -641,11 +639,7 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, req remote.
 		// Waiting for its grant, a key at its limit is not paced: a
 		// refusal holds a little longer, or each decision would be a
 		// store call until the grant comes.
-		hold := grantWaitRefusal
-		if ls.stock(p) {
-			hold = stockGrantWait
-		}
-		res.RetryAfter = max(res.RetryAfter, hold)
+		res.RetryAfter = max(res.RetryAfter, grantWaitRefusal)
 	} else if ls.stock(p) {
 		// A dry bucket under stock records, before any flow: a token's
 		// wait at a high rate is a store call every half millisecond
