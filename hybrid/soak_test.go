@@ -24,7 +24,7 @@ func soakDuration(t *testing.T) time.Duration {
 		require.NoError(t, err)
 		return d
 	}
-	return 9 * time.Second
+	return 7 * time.Second
 }
 
 // TestSoak runs 4 limiters on 8 keys of one real Redis under random
