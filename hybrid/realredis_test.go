@@ -186,7 +186,8 @@ type backend struct {
 	name string
 	dial func(*testing.T) redis.UniversalClient
 	key  string
-	// opts and firstMost are a test's own, per case.
+	// opts and firstMost are a test's own, per case (firstMost: a
+	// threshold of the test's).
 	opts      []Option
 	firstMost float64
 }
