@@ -523,7 +523,6 @@ func (c *capacity) next(e *entry, req remote.GrantRequest, gr remote.Grant) {
 	// part gains nothing by asking sooner than a renewal, unless it is
 	// short of both its want and its part.
 	part := remote.GrantUnits / int64(max(gr.Holders, c.fleetSize(), 1))
-	keyPart := remote.GrantUnits / int64(max(gr.Holders, 1)) // among the key's holders alone
 	answers := e.extra().grant.answers.Add(1)
 	newborn := c.newborn()
 	switch young := (answers == 1 && newborn) || (answers <= 3 && gr.Share > part); {
@@ -534,7 +533,7 @@ func (c *capacity) next(e *entry, req remote.GrantRequest, gr remote.Grant) {
 	case gr.Share == 0 || young:
 		// Kept waiting, or just started (the others' wants may not be
 		// known yet): ask again soon.
-		d := min(c.cfg.grantTerm/(4*renewals), 250*time.Millisecond)
+		d := c.soon()
 		if answers <= 3 {
 			// Young: a share above an even part is likely more than
 			// this process can spend while others wait for it.
@@ -549,16 +548,8 @@ func (c *capacity) next(e *entry, req remote.GrantRequest, gr remote.Grant) {
 		c.askAsync(e, d)
 	case gr.Share < req.Want && gr.Share < part:
 		c.askAsync(e, c.cfg.grantTerm/(2*renewals)) // short of its want: ask again sooner
-	case c.cfg.stock && (gr.Share < min(req.Want, keyPart)-keyPart/32-1 || gr.Share > keyPart+keyPart/32+1 && gr.Holders > 1):
-		// Flow under stock records is for a process well over an even
-		// part of the key's holders: short of one and of its want, it
-		// asks again soon, as the others' renewals may have made room;
-		// above one beside other holders, it may hold what they wait
-		// for (the store divides by everyone's wants at each ask). A
-		// unit and a 32nd either way is even enough: a unit's rounding
-		// would ask every 250 ms, and an eighth kept 11 holders at a
-		// twelfth each after a twelfth holder had died.
-		c.askAsync(e, min(c.cfg.grantTerm/(4*renewals), 250*time.Millisecond))
+	case c.cfg.stock && unevenOnKey(gr, req.Want):
+		c.askAsync(e, c.soon())
 	case c.cfg.stock && gr.Share > part:
 		// Above an even part of the fleet, alone on the key so far: a
 		// process that comes to it later is kept waiting with no share
@@ -568,10 +559,30 @@ func (c *capacity) next(e *entry, req remote.GrantRequest, gr remote.Grant) {
 		// Short of its burst, which stock records held as it asked: a
 		// burst of 6 where 12 was asked kept 89% of the flow on requests
 		// of 1 to 5 tokens. The records end or are reported soon.
-		c.askAsync(e, min(c.cfg.grantTerm/(4*renewals), 250*time.Millisecond))
+		c.askAsync(e, c.soon())
 	default:
 		c.askAsync(e, c.cfg.grantTerm/renewals)
 	}
+}
+
+// soon is how soon a holder asks again when its share or burst is off:
+// a sixteenth of the term, at most 250 ms.
+func (c *capacity) soon() time.Duration {
+	return min(c.cfg.grantTerm/(4*renewals), 250*time.Millisecond)
+}
+
+// unevenOnKey reports whether answer gr to a grant that wanted want is off
+// an even part of the key's holders. Flow under stock records is for a
+// process well over an even part: short of one and of its want, it asks
+// again soon, as the others' renewals may have made room; above one beside
+// other holders, it may hold what they wait for (the store divides by
+// everyone's wants at each ask). A unit and a 32nd either way is even
+// enough: a unit's rounding would ask every 250 ms, and an eighth kept 11
+// holders at a twelfth each after a twelfth holder had died.
+func unevenOnKey(gr remote.Grant, want int64) bool {
+	part := remote.GrantUnits / int64(max(gr.Holders, 1))
+	slack := part/32 + 1
+	return gr.Share < min(want, part)-slack || gr.Share > part+slack && gr.Holders > 1
 }
 
 // grantBurst is the local burst a grant asks for: half of Burst for the

@@ -635,18 +635,22 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, req remote.
 	if ls.grants != nil {
 		ls.grants.refused(e, p, res.Holders, now)
 	}
-	if e.grantMode() {
-		// Waiting for its grant, a key at its limit is not paced: a
-		// refusal holds a little longer, or each decision would be a
-		// store call until the grant comes.
-		res.RetryAfter = max(res.RetryAfter, grantWaitRefusal)
-	} else if ls.stock(p) {
-		// A dry bucket under stock records, before any flow: a token's
-		// wait at a high rate is a store call every half millisecond
-		// from each process until its demand is measured.
-		res.RetryAfter = max(res.RetryAfter, grantWaitRefusal)
+	res.RetryAfter = ls.cacheRefusal(e, p, need, res.RetryAfter, now)
+	return fetchOutcome{retry: res.RetryAfter, at: now}
+}
+
+// cacheRefusal keeps the store's refusal of need tokens on e, replied at
+// now with wait retry, and returns the wait the refusal holds for.
+func (ls *leaser) cacheRefusal(e *entry, p *policyState, need int64, retry time.Duration, now mono) time.Duration {
+	if e.grantMode() || ls.stock(p) {
+		// Waiting for its grant, a key at its limit is not paced, and a
+		// dry bucket under stock records before any flow waits a token
+		// at a high rate: a refusal holds a little longer, or each
+		// decision would be a store call (every half millisecond from
+		// each process) until the grant comes or demand is measured.
+		retry = max(retry, grantWaitRefusal)
 	}
-	refused, until := max(need, 1), now.add(res.RetryAfter)
+	refused, until := max(need, 1), now.add(retry)
 	if ls.stock(p) && e.flowing(now) {
 		refused = 1 // it asked for a whole lease (see request)
 		// Grants hold the rate until a renewal divides it again: the
@@ -660,7 +664,7 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, req remote.
 		// Returns reach the window at each sweep of the fleet.
 		e.extra().recheckAt.Store(now.add(ls.cfg.sweepInterval))
 	}
-	return fetchOutcome{retry: res.RetryAfter, at: now}
+	return retry
 }
 
 // granted puts the tokens of a reply that granted some where they belong:
