@@ -194,11 +194,6 @@ func TestReferenceBehaviours(t *testing.T) {
 		}
 		return out
 	}
-	// Giving back a refused request's charges (and a check's hit) rests
-	// on hybrid's Charge.Settle, which under decaying leases (the
-	// default) gives nothing back when settled at once; those cases run
-	// on stock leases, which take a charge settled at once back.
-	keep := []Option{WithLimiterOptions(hybrid.WithStrictWindows(false))}
 	for _, tc := range []struct {
 		name  string
 		calls []call
@@ -243,11 +238,7 @@ func TestReferenceBehaviours(t *testing.T) {
 			repeat(1, call{0, []*ratelimit.RateLimitDescriptor{desc("windowed", "w")}, "OVER_LIMIT OVER_LIMIT"}))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var opts []Option
-			if strings.HasPrefix(tc.name, "a refused request") {
-				opts = keep
-			}
-			client, _, _ := newServer(t, refConfig, opts...)
+			client, _, _ := newServer(t, refConfig)
 			for i, c := range tc.calls {
 				resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "mongo_cps", Descriptors: c.descs, HitsAddend: c.hits})
 				if err != nil {
@@ -264,7 +255,7 @@ func TestReferenceBehaviours(t *testing.T) {
 // TestDescriptorHits: a descriptor's own hits_addend overrides the
 // request's, 0 included: 0 only checks.
 func TestDescriptorHits(t *testing.T) {
-	client, _, _ := newServer(t, refConfig, WithLimiterOptions(hybrid.WithStrictWindows(false)))
+	client, _, _ := newServer(t, refConfig)
 	ask := func(hits *wrapperspb.UInt64Value) *rlsv3.RateLimitResponse {
 		d := desc("database", "users")
 		d.HitsAddend = hits
