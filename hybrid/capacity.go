@@ -112,6 +112,9 @@ type grantState struct {
 	nextAt    atomicMono   // when the next renewal is due
 	answers   atomic.Int32 // grant calls answered since the key began asking
 	admitted  grantCount   // by the grants replaced
+	// afterLease: consider asks for flow once the lease call it sized
+	// has landed (see leased).
+	afterLease atomic.Bool
 }
 
 // grantWait is until when a decision the lease cannot serve on e waits
@@ -193,12 +196,16 @@ func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
 			if g.hotFrom.Load() == 0 {
 				g.hotFrom.Store(now + 1)
 			}
-			// After the lease call this decision is about to make: a
-			// grant takes its burst from the bucket's level, and one that
-			// went first refused the caller a RetryAfter had sent back (a
-			// charge of 1 000, 9 s after a debt, ExampleCharge_Settle).
+			// After the lease call this decision is about to make (see
+			// leased): a grant takes its burst from the bucket's level,
+			// and one that went first refused the caller a RetryAfter had
+			// sent back (a charge of 1 000, 9 s after a debt,
+			// ExampleCharge_Settle). Not on a timer: callers spinning on
+			// refusals starve timers of CPU, and each lease re-armed the
+			// late one (4 processes at a key's limit asked 40–260 ms
+			// late, a lease call every 5 ms meanwhile).
 			if !g.asking.Load() && now >= g.nextAt.Load() {
-				c.askAsync(e, confirmAfter)
+				g.afterLease.Store(true)
 			}
 		}
 		return
@@ -229,6 +236,14 @@ func (c *capacity) resume(e *entry, p *policyState, now mono) {
 		return
 	}
 	c.askIfDue(e, &r.grant, now)
+}
+
+// leased starts the grant call consider asked for beside a lease call on
+// e, now that the lease call has landed (or was not made).
+func (c *capacity) leased(e *entry) {
+	if r := e.rare.Load(); r != nil && r.grant.afterLease.Swap(false) {
+		c.askIfDue(e, &r.grant, c.cfg.now())
+	}
 }
 
 // askIfDue starts e's grant call unless one is in flight or the next is

@@ -254,7 +254,7 @@ func TestStockAsksForFlowAtTheLimit(t *testing.T) {
 				l.grants.refused(e, p, 1, now)
 			} else {
 				l.grants.consider(e, p, float64(tc.mean), now)
-				w.clk.Advance(confirmAfter) // it asks after the lease call under way
+				l.grants.leased(e) // it asks once the lease call under way lands
 			}
 			eventually(t, "the grant call to end", func() bool { return !e.extra().grant.asking.Load() })
 			if got := e.held() != nil; got != tc.asks {
@@ -311,4 +311,27 @@ func TestDemandIsCountedOneWay(t *testing.T) {
 	if want := int64(math.Ceil(300 * grantHeadroom / 1000 * remote.GrantUnits)); req.Want > want*6/5 {
 		t.Errorf("a renewal wants %d units, want about %d (300 of 1 000/s, with headroom)", req.Want, want)
 	}
+}
+
+// TestFlowAskRidesTheLeaseCall: under stock records a key found at its
+// limit asks for flow once the lease call that found it lands, with no
+// timer between. It was asked on a 5 ms timer that each later lease
+// call re-armed: with callers spinning on refusals the timer kept
+// losing the CPU, and 4 processes at a key's limit asked 40–260 ms late,
+// a lease call every 5 ms each meanwhile (95 bucket calls in a 5 s
+// at-limit run, 48 since).
+func TestFlowAskRidesTheLeaseCall(t *testing.T) {
+	w := newFakeWorld()
+	l := w.limiter(t, Policy{Name: "flow-rides", Limit: PerSecond(1000)}, WithFleetSize(4))
+	ctx := context.Background()
+	require.True(t, l.Allow(ctx, "k"))
+	e := l.keys.load("k")
+	e.lease.Drain()
+	e.mu.Lock()
+	e.demand.mean = 400 // over an even part (250/s)
+	e.mu.Unlock()
+	e.answer.level.Store(0)
+	// The clock stands still: only the lease call can start the ask.
+	l.Allow(ctx, "k")
+	eventually(t, "the flow", func() bool { return e.held() != nil })
 }

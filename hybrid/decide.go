@@ -27,9 +27,10 @@ const maxStoreRounds = 3
 func (l *Limiter) Allow(ctx context.Context, key string) bool {
 	// leased, inlined by hand: the call costs BenchmarkAllow about 10%.
 	if e := l.keys.entries.load(key); e != nil && (l.cfg.tierOf == nil || l.inTier(e, key)) {
-		if ok, low, _ := e.spend(1, l.spendAt(), &l.stats.tokensExpired); ok {
+		at := l.spendAt()
+		if ok, low, _ := e.spend(1, at, &l.stats.tokensExpired); ok {
 			if low {
-				l.leaser.refillAsync(e)
+				l.leaser.refillAsync(e, at)
 			}
 			return true
 		}
@@ -270,7 +271,7 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 	case gobreaker.StateHalfOpen:
 		// Probe in the background; nobody waits on a store that was
 		// down a moment ago.
-		l.leaser.refillAsync(e)
+		l.leaser.refillAsync(e, now)
 		return l.withoutCall(e, n, l.outage.decide(e, p, n, now)), true, nil
 	}
 	until := e.readyFor(n, now)

@@ -59,7 +59,7 @@ type leaser struct {
 func (ls *leaser) spend(e *entry, n int64, now mono) (ok bool, left int64) {
 	ok, low, left := e.spend(n, now, &ls.stats.tokensExpired)
 	if low {
-		ls.refillAsync(e)
+		ls.refillAsync(e, now)
 	}
 	return ok, left
 }
@@ -186,9 +186,19 @@ func alone(cfg *config, o *outage, now mono) bool {
 // a goroutine of its own); on another clock (clock.Manual, the
 // simulator's) it runs as the clock's callback, inside Advance, where a
 // run is deterministic.
-func (ls *leaser) refillAsync(e *entry) {
-	now := ls.cfg.now()
-	if e.reserved() > e.lease.LowWater() || e.refilling.Load() || ls.outage.held(now) || ls.cfg.stock && e.flowing(now) || !e.refilling.CompareAndSwap(false, true) {
+//
+// at is the caller's time for its spend (noExpiry: none read); a low
+// lease's decisions each come here, so the clock is read only past the
+// checks that need none (a clock read is 30 ns here, and a key drained
+// while its flow decides came here on every decision).
+func (ls *leaser) refillAsync(e *entry, at mono) {
+	if e.reserved() > e.lease.LowWater() || e.refilling.Load() {
+		return
+	}
+	if at == noExpiry {
+		at = ls.cfg.now()
+	}
+	if ls.outage.held(at) || ls.cfg.stock && e.flowing(at) || !e.refilling.CompareAndSwap(false, true) {
 		return
 	}
 	if clock.Realtime(ls.cfg.clk) {
@@ -341,6 +351,7 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 	if w := e.grantWait(start, ls.cfg.storeTimeout); w > start {
 		if ls.grants != nil {
 			ls.grants.overdue(e, start)
+			ls.grants.leased(e) // no lease call to wait for
 		}
 		return fetchOutcome{retry: w.sub(start), at: start}, nil
 	}
@@ -349,7 +360,7 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 		return fetchOutcome{}, err
 	}
 	if req.Stock.Holder != "" {
-		ls.extendHeld(e, res, start)
+		ls.extendHeld(e, p, res, start)
 	}
 	return ls.apply(e, p, res, req, waiters, start, now), nil
 }
@@ -361,14 +372,27 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 // the new term's, so the lease keeps the later of its own too. Held or
 // not, the end moves a nanosecond at least (well within the margin), so
 // that it tells records apart (see Limiter.refund).
-func (ls *leaser) extendHeld(e *entry, res remote.Result, start mono) {
+func (ls *leaser) extendHeld(e *entry, p *policyState, res remote.Result, start mono) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	end := e.lease.Expiry() + 1
 	if res.Held {
 		end = max(int64(ls.stockUntil(start, res.Delay)), end)
 	}
-	e.lease.Add(0, end)
+	open := e.lease.Add(0, end)
+	e.mu.Unlock()
+	if !open && res.Held {
+		// Released (Close, eviction) while this call flew: the record it
+		// made goes too.
+		ls.settle.later(ls.releaseItem(p, e, 0))
+	}
+}
+
+// releaseItem gives n of e's tokens back under p and drops this
+// process's record of e at the store, unless a later lease made it.
+func (ls *leaser) releaseItem(p *policyState, e *entry, n int64) reconcile.Item {
+	it := ls.returnItem(p, e, n)
+	it.Req.Stock = remote.Stock{Holder: ls.outage.id, Seq: ls.seq.Load(), Release: true}
+	return it
 }
 
 // call sends req for e with a context from calls (see flight.fly), sent at
@@ -382,6 +406,9 @@ func (ls *leaser) call(e *entry, req remote.Request, calls *background.Deadlines
 	cut := err != nil && errors.Is(call.Context().Err(), context.DeadlineExceeded)
 	call.Done()
 	e.callSince.Store(0)
+	if ls.grants != nil {
+		ls.grants.leased(e)
+	}
 	if errors.Is(err, breaker.ErrOpen) {
 		return remote.Result{}, 0, err // refused by the breaker: no call was made
 	}
@@ -930,16 +957,24 @@ func (ls *leaser) release(p *policyState, e *entry) []reconcile.Item {
 	e.mu.Lock()
 	from, last := e.takeFullAt(storeTime(ls.cfg.epoch))
 	live := mono(e.lease.Expiry()) > ls.cfg.now()
+	again := e.lease.Closed()
 	n := e.lease.Close()
 	e.mu.Unlock()
 	if ls.stock(p) {
 		// What the record counts goes at once, not at its term: a
-		// release that no later lease of this process overtakes.
+		// release that no later lease of this process overtakes. Once:
+		// a call that lands after it releases its own record
+		// (extendHeld), and Close's second pass sent every key's
+		// release twice.
 		n += ls.pace.cancel(e)
 		e.inflow.Add(-n)
-		it := ls.returnItem(p, e, n)
-		it.Req.Stock = remote.Stock{Holder: ls.outage.id, Seq: ls.seq.Load(), Release: true}
-		return []reconcile.Item{it}
+		if again {
+			if n > 0 {
+				return []reconcile.Item{ls.returnItem(p, e, n)}
+			}
+			return nil
+		}
+		return []reconcile.Item{ls.releaseItem(p, e, n)}
 	}
 	if n > 0 {
 		e.inflow.Add(-n)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -284,4 +285,46 @@ func TestStockSpentAtOnceIsNotHeld(t *testing.T) {
 			return d.Allowed
 		})
 	})
+}
+
+// releaseCounter counts the stock releases (remote.Stock.Release) a
+// limiter sends.
+type releaseCounter struct {
+	*remote.MemoryStore
+	releases atomic.Int64
+}
+
+func (c *releaseCounter) Return(ctx context.Context, r remote.Request) (remote.Result, error) {
+	if r.Stock.Release {
+		c.releases.Add(1)
+	}
+	return c.MemoryStore.Return(ctx, r)
+}
+
+func (c *releaseCounter) Batch(ctx context.Context, op remote.Op, rs []remote.Request) []remote.Reply {
+	for _, r := range rs {
+		if r.Stock.Release {
+			c.releases.Add(1)
+		}
+	}
+	return c.MemoryStore.Batch(ctx, op, rs)
+}
+
+// TestCloseReleasesEachRecordOnce: under stock records Close drops each
+// key's record with one release. Its second pass, for refills that
+// landed after the first, sent every key's release again: 2 of the 3
+// calls a process made at Close on a key at its limit.
+func TestCloseReleasesEachRecordOnce(t *testing.T) {
+	t.Parallel()
+	w := newFakeWorld()
+	store := &releaseCounter{MemoryStore: w.store}
+	l, err := New(store, Policy{Name: "release-once", Limit: PerSecond(1000)}, WithClock(w.clk), quiet)
+	require.NoError(t, err)
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c"} {
+		require.True(t, l.Allow(ctx, k))
+	}
+	quiesce(t, l)
+	require.NoError(t, l.Close(ctx))
+	require.Equal(t, int64(3), store.releases.Load(), "releases sent at Close for 3 keys")
 }

@@ -111,6 +111,9 @@ func (c *Cell) Close() int64 {
 	return max(old, 0)
 }
 
+// Closed reports whether Close has run.
+func (c *Cell) Closed() bool { return c.tokens.Load() < 0 }
+
 // Tokens returns the tokens left, 0 once closed.
 func (c *Cell) Tokens() int64 { return max(c.tokens.Load(), 0) }
 
