@@ -76,6 +76,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	}
 	cfg.strict = cfg.strict && !regional(store)
 	cfg.stock = !cfg.strict && !regional(store)
+	cfg.realtime = clock.Realtime(cfg.clk)
 	l := &Limiter{cfg: cfg, store: bs, bg: background.New(cfg.clk), keys: keyTable{max: int64(cfg.maxKeys)}, stats: newCounters()}
 	l.cfg.epoch = cfg.clk.Now()
 	rng := newRand(cfg)

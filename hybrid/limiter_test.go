@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -327,4 +328,51 @@ func TestCloseReleasesEachRecordOnce(t *testing.T) {
 	quiesce(t, l)
 	require.NoError(t, l.Close(ctx))
 	require.Equal(t, int64(3), store.releases.Load(), "releases sent at Close for 3 keys")
+}
+
+// TestStripedCounterSums: a striped counter's Load is every Add, from
+// any number of goroutines.
+func TestStripedCounterSums(t *testing.T) {
+	t.Parallel()
+	var c striped
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 1000 {
+				c.Add(int64(g + 1))
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, int64(1000*16*17/2), c.Load())
+}
+
+// TestGrantRefusalsCountInDemand: a grant's refusals are the key's
+// demand, each one on a manual clock (a run stays deterministic), one in
+// missSample counted missSample times on the real clock: the estimate
+// stays within a few percent of the count.
+func TestGrantRefusalsCountInDemand(t *testing.T) {
+	t.Parallel()
+	const refusals = 64_000
+	for _, real := range []bool{false, true} {
+		var opts []Option
+		if real {
+			opts = append(opts, WithClock(clock.Real()))
+		}
+		l := grantLimiterOf(t, opts...)
+		e := l.keys.load("hot")
+		before := e.misses.Load()
+		for range refusals {
+			l.grantDecided(e, 1, false, l.cfg.now())
+		}
+		got := e.misses.Load() - before
+		if !real {
+			require.Equal(t, int64(refusals), got, "manual clock: every refusal counts")
+			continue
+		}
+		require.InDelta(t, refusals, got, 0.05*refusals, "real clock: sampled")
+		require.Equal(t, int64(refusals), l.Stats().Source(SourceGrant).Rejected, "Stats counts every refusal")
+	}
 }

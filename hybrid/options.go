@@ -26,7 +26,10 @@ type config struct {
 	// stock: leases of token buckets are counted under this process's
 	// record at the store until their term (remote.Stock); set by New
 	// when the store keeps records and leases do not decay.
-	stock       bool
+	stock bool
+	// realtime: the clock is the real one (set by New); on another a run
+	// must be deterministic (the simulator's).
+	realtime    bool
 	horizon     time.Duration
 	maxFraction float64
 	// maxFractionSet: WithMaxLeaseFraction was given, and caps stock

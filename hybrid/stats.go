@@ -3,6 +3,7 @@ package hybrid
 import (
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Stats is a snapshot of a Limiter's counters. Taking one walks every
@@ -87,9 +88,39 @@ func (s Stats) Source(src Source) SourceStats {
 	return s.bySource[src]
 }
 
+// striped is a counter that every core adds to on a flood: a key at its
+// limit refused on both cores, and one atomic moved its cache line
+// between them on each decision.
+type striped struct {
+	cells [stripes]struct {
+		n atomic.Int64
+		_ [56]byte // a cache line each
+	}
+}
+
+const stripes = 8
+
+// Add adds d to the calling goroutine's stripe, picked by where its
+// stack is: a goroutine keeps its stripe (until its stack moves), so a
+// core running it keeps the line. (A stripe at random left every other
+// add on a line the other core wrote last: 100–105 ns a decision on the
+// flood, against 45–49.)
+func (c *striped) Add(d int64) {
+	var here byte
+	c.cells[(uintptr(unsafe.Pointer(&here))>>13)%stripes].n.Add(d)
+}
+
+// Load returns the sum of the stripes.
+func (c *striped) Load() (sum int64) {
+	for i := range c.cells {
+		sum += c.cells[i].n.Load()
+	}
+	return sum
+}
+
 type counters struct {
 	admitted       [numSources]atomic.Int64
-	rejected       [numSources]atomic.Int64
+	rejected       [numSources]striped
 	storeCalls     atomic.Int64
 	storeErrors    atomic.Int64
 	tokensLeased   atomic.Int64
