@@ -430,7 +430,26 @@ func (c *capacity) request(e *entry, p *policyState, cur *holding) remote.GrantR
 // ask makes one grant call for e and installs what it gets; it schedules
 // the next renewal, or, once the key's demand has gone, gives the grant
 // back.
-func (c *capacity) ask(e *entry) {
+func (c *capacity) ask(e *entry) { c.askWithin(e, c.cfg.refillTimeout) }
+
+// probe renews e's grant now, with a deadline past the breaker's latency
+// threshold: on a store that answers nothing (killed, hung) the call is
+// still in flight when the threshold passes, and the breaker opens on
+// that (breaker.Store.State) rather than after three failed calls, each
+// cut at the refill timeout.
+func (c *capacity) probe(e *entry) {
+	g := &e.extra().grant
+	if !g.asking.CompareAndSwap(false, true) {
+		return
+	}
+	g.askedAt.Store(c.cfg.now())
+	if c.bg.After(0, func() { defer g.asking.Store(false); c.askWithin(e, 2*c.cfg.refillTimeout) }) == nil {
+		g.asking.Store(false)
+	}
+}
+
+// askWithin is ask with the call's deadline.
+func (c *capacity) askWithin(e *entry, timeout time.Duration) {
 	p := c.policy.load()
 	cur := e.held()
 	g := &e.extra().grant
@@ -455,7 +474,7 @@ func (c *capacity) ask(e *entry) {
 	}
 	req := c.request(e, p, cur)
 	sent := c.cfg.now()
-	ctx, cancel := context.WithTimeout(c.bg.Ctx, c.cfg.refillTimeout)
+	ctx, cancel := context.WithTimeout(c.bg.Ctx, timeout)
 	gr, err := c.store.Grant(ctx, req)
 	cancel()
 	if !errors.Is(err, breaker.ErrOpen) {

