@@ -358,13 +358,7 @@ const overdueBy = 20 * time.Millisecond
 func (c *capacity) askAsync(e *entry, d time.Duration) {
 	g := &e.extra().grant
 	if d <= 0 {
-		if !g.asking.CompareAndSwap(false, true) {
-			return
-		}
-		g.askedAt.Store(c.cfg.now())
-		if c.bg.After(0, func() { defer g.asking.Store(false); c.ask(e) }) == nil {
-			g.asking.Store(false)
-		}
+		c.askNow(e, c.cfg.refillTimeout)
 		return
 	}
 	g.nextAt.Store(c.cfg.now().add(d))
@@ -437,13 +431,17 @@ func (c *capacity) ask(e *entry) { c.askWithin(e, c.cfg.refillTimeout) }
 // still in flight when the threshold passes, and the breaker opens on
 // that (breaker.Store.State) rather than after three failed calls, each
 // cut at the refill timeout.
-func (c *capacity) probe(e *entry) {
+func (c *capacity) probe(e *entry) { c.askNow(e, 2*c.cfg.refillTimeout) }
+
+// askNow starts e's grant call with a deadline of timeout, unless one is
+// in flight.
+func (c *capacity) askNow(e *entry, timeout time.Duration) {
 	g := &e.extra().grant
 	if !g.asking.CompareAndSwap(false, true) {
 		return
 	}
 	g.askedAt.Store(c.cfg.now())
-	if c.bg.After(0, func() { defer g.asking.Store(false); c.askWithin(e, 2*c.cfg.refillTimeout) }) == nil {
+	if c.bg.After(0, func() { defer g.asking.Store(false); c.askWithin(e, timeout) }) == nil {
 		g.asking.Store(false)
 	}
 }

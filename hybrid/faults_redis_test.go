@@ -73,9 +73,12 @@ func windows(ctx context.Context, lims []*Limiter, perLimiter float64, key strin
 	})
 }
 
-func allHealthy(lims []*Limiter) bool {
+func allHealthy(lims []*Limiter) bool { return allIn(lims, ModeHealthy) }
+
+// allIn reports whether every limiter of lims is in mode m.
+func allIn(lims []*Limiter, m Mode) bool {
 	for _, l := range lims {
-		if l.Mode() != ModeHealthy {
+		if l.Mode() != m {
 			return false
 		}
 	}
@@ -635,14 +638,7 @@ func TestHungRedisDetected(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	require.NoError(t, srv.Pause())
 	paused := time.Now()
-	eventually(t, "every limiter degraded", func() bool {
-		for _, l := range lims {
-			if l.Mode() != ModeDegraded {
-				return false
-			}
-		}
-		return true
-	})
+	eventually(t, "every limiter degraded", func() bool { return allIn(lims, ModeDegraded) })
 	toDegraded := time.Since(paused)
 	time.Sleep(3*time.Second - toDegraded)
 	require.NoError(t, srv.Resume())
@@ -803,14 +799,7 @@ func TestModeDegradesWhileEveryKeyHoldsFlow(t *testing.T) {
 	})
 	require.NoError(t, srv.Kill())
 	killed := time.Now()
-	eventually(t, "every limiter degraded", func() bool {
-		for _, l := range lims {
-			if l.Mode() != ModeDegraded {
-				return false
-			}
-		}
-		return true
-	})
+	eventually(t, "every limiter degraded", func() bool { return allIn(lims, ModeDegraded) })
 	took := time.Since(killed)
 	t.Logf("every key held by flow, Redis killed: every Mode degraded after %v", took.Round(time.Millisecond))
 	// Make test's parallel load delays a heartbeat's tick a little.

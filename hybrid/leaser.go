@@ -201,7 +201,7 @@ func (ls *leaser) refillAsync(e *entry, at mono) {
 	if ls.outage.held(at) || ls.cfg.stock && e.flowing(at) || !e.refilling.CompareAndSwap(false, true) {
 		return
 	}
-	if clock.Realtime(ls.cfg.clk) {
+	if ls.cfg.realtime {
 		f, lead := ls.flights.join(ls, e, 0)
 		if !lead {
 			e.refilling.Store(false) // the flight under way refills

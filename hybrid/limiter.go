@@ -94,7 +94,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 		// clock of the caller's (virtual time) does not count: the same
 		// run would decide by the store or by the degraded share as the
 		// machine is fast or loaded.
-		inline: newInline(honorsDeadlines(bs.Unwrap()) && clock.Realtime(cfg.clk), l.bg.Ctx, &l.cfg)}
+		inline: newInline(honorsDeadlines(bs.Unwrap()) && cfg.realtime, l.bg.Ctx, &l.cfg)}
 	l.leaser.pace = pacer{cfg: &l.cfg, bg: l.bg, stats: &l.stats, into: &l.leaser}
 	l.grants = capacity{cfg: &l.cfg, store: bs, policy: l.policy, bg: l.bg, stats: &l.stats, holder: l.outage.id, fleet: l.outage}
 	l.leaser.grants = &l.grants
@@ -116,7 +116,7 @@ func (l *Limiter) start() {
 		})
 	}
 	l.bg.Tick(l.cfg.sweepInterval, l.cfg.sweepInterval, l.sweep)
-	if l.cfg.stock && clock.Realtime(l.cfg.clk) && l.bg.Enter() {
+	if l.cfg.stock && l.cfg.realtime && l.bg.Enter() {
 		// One goroutine for the limiter's life: a callback per tick
 		// would start a goroutine each.
 		ahead := func() { l.coarse.Store(int64(l.cfg.now().add(coarseTick))) }
