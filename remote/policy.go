@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/leasehold/leasehold/internal/errs"
 	"github.com/leasehold/leasehold/internal/keys"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -311,9 +312,13 @@ func (s *RedisStore) WatchPolicy(ctx context.Context, prefix, name string, chang
 }
 
 type memPolicies struct {
-	mu       sync.Mutex
-	records  map[string]PolicyRecord
-	watchers map[string]map[*func()]struct{}
+	mu      sync.Mutex
+	records map[string]PolicyRecord
+	// watchers are each policy's, in the order they subscribed: told
+	// in that order, so that a run on a manual clock is deterministic
+	// (told in map order, the simulator's fleet armed its polls in a
+	// different order each run).
+	watchers map[string][]*func()
 }
 
 // SetPolicy implements Policies.
@@ -336,7 +341,7 @@ func (s *MemoryStore) SetPolicy(ctx context.Context, prefix, name string, rec Po
 	}
 	p.records[key] = rec
 	var notify []func()
-	for f := range p.watchers[key] {
+	for _, f := range p.watchers[key] {
 		notify = append(notify, *f)
 	}
 	p.mu.Unlock()
@@ -373,16 +378,16 @@ func (s *MemoryStore) WatchPolicy(_ context.Context, prefix, name string, change
 	p := &s.policies
 	p.mu.Lock()
 	if p.watchers == nil {
-		p.watchers = map[string]map[*func()]struct{}{}
+		p.watchers = map[string][]*func(){}
 	}
-	if p.watchers[key] == nil {
-		p.watchers[key] = map[*func()]struct{}{}
-	}
-	p.watchers[key][f] = struct{}{}
+	p.watchers[key] = append(p.watchers[key], f)
 	p.mu.Unlock()
 	return func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		delete(p.watchers[key], f)
+		p.watchers[key] = slices.DeleteFunc(p.watchers[key], func(g *func()) bool { return g == f })
+		if len(p.watchers[key]) == 0 {
+			delete(p.watchers, key)
+		}
 	}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/clock"
 	"github.com/leasehold/leasehold/local"
 	"github.com/stretchr/testify/require"
 )
@@ -193,5 +194,31 @@ func TestShapedPolicyRecord(t *testing.T) {
 		if !errors.Is(err, ErrInvalidPolicy) && !errors.Is(err, local.ErrInvalidLimit) {
 			t.Errorf("bad record %d: error %v, want ErrInvalidPolicy or ErrInvalidLimit", i, err)
 		}
+	}
+}
+
+// TestMemoryWatchersToldInOrder: the memory store tells a policy's
+// watchers in the order they subscribed, each once, and a stopped one no
+// more. Told in map order, the simulator's fleet armed its policy polls
+// in a different order each run, and a policy change (limit-halved) was
+// not deterministic.
+func TestMemoryWatchersToldInOrder(t *testing.T) {
+	ctx := context.Background()
+	m := NewMemory(clock.NewManual(time.Unix(0, 0)))
+	var told []int
+	stops := make([]func(), 8)
+	for i := range stops {
+		stop, err := m.WatchPolicy(ctx, "", "p", func() { told = append(told, i) })
+		require.NoError(t, err)
+		stops[i] = stop
+	}
+	stops[3]()
+	stops[3]() // twice is harmless
+	for v := uint64(1); v <= 20; v++ {
+		told = told[:0]
+		_, applied, err := m.SetPolicy(ctx, "", "p", PolicyRecord{Version: v, Limit: local.PerSecond(int64(v))})
+		require.NoError(t, err)
+		require.True(t, applied)
+		require.Equal(t, []int{0, 1, 2, 4, 5, 6, 7}, told, "version %d", v)
 	}
 }
