@@ -137,10 +137,8 @@ soak: redis
 # under and at the limit, a partition of 2 of 6 limiters. Run it before
 # and after the change and put both tables in the note; the last run's
 # table is in benchmarks/results/figures.txt.
-# LEASEHOLD_FIGURES_VARIANT=decaying runs every limiter with decaying
-# leases (the default before stock and flow), to
-# benchmarks/results/figures-decaying.txt; =capacity with decaying and
-# capacity leases; =stock with stock records and no flow.
+# LEASEHOLD_FIGURES_VARIANT=stock runs every limiter with stock records
+# and no flow, to benchmarks/results/figures-stock.txt.
 FIGURES_OUT = benchmarks/results/figures$(if $(LEASEHOLD_FIGURES_VARIANT),-$(LEASEHOLD_FIGURES_VARIANT)).txt
 figures: redis
 	mkdir -p benchmarks/results

@@ -36,23 +36,16 @@ import (
 
 // variantOptions are the options of the variant LEASEHOLD_FIGURES_VARIANT
 // names, given to every limiter of the figures (the helper processes
-// inherit the variable): "" for the defaults (stock and flow), "decaying"
-// for decaying leases (WithStrictWindows, the default before stock and
-// flow), "capacity" for decaying leases with capacity leases of a 15 s
-// term, "stock" for stock records without flow, to weigh the mechanisms
-// in one table.
+// inherit the variable): "" for the defaults (stock and flow), "stock"
+// for stock records without flow, to weigh the mechanisms in one table.
 func variantOptions() []hybrid.Option {
 	switch v := os.Getenv("LEASEHOLD_FIGURES_VARIANT"); v {
 	case "":
 		return nil
-	case "decaying":
-		return []hybrid.Option{hybrid.WithStrictWindows(true)}
-	case "capacity":
-		return []hybrid.Option{hybrid.WithStrictWindows(true), hybrid.WithCapacityLeases(15 * time.Second)}
 	case "stock":
-		return []hybrid.Option{hybrid.WithStrictWindows(false), hybrid.WithCapacityLeases(0)}
+		return []hybrid.Option{hybrid.WithCapacityLeases(0)}
 	default:
-		panic(fmt.Sprintf("LEASEHOLD_FIGURES_VARIANT=%q: want decaying, capacity, stock or nothing", v))
+		panic(fmt.Sprintf("LEASEHOLD_FIGURES_VARIANT=%q: want stock or nothing", v))
 	}
 }
 

@@ -10,18 +10,17 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leasehold/leasehold/hybrid"
 	"github.com/leasehold/leasehold/internal/testkit/redistest"
 )
 
 // ratioRounds is how many times TestZipfRatios runs each row. One run of a
 // Zipf row swings with its own speed: a slower run revisits each key later
 // in wall time, so its floor and its calls above it both rise, which slows
-// it further (5 runs of hybrid+strict, now the default, at 16 goroutines: 4 845–11 395
+// it further (5 runs of decaying leases at 16 goroutines: 4 845–11 395
 // ns/op, 109–194 store calls per 1 000).
 const ratioRounds = 5
 
-// TestZipfRatios runs hybrid (default and lenient) and redis_rate on the
+// TestZipfRatios runs hybrid and redis_rate on the
 // Zipf workload at every concurrency level, ratioRounds times in turn on
 // one real Redis, and prints the median of each round's throughput ratio
 // against redis_rate, of each round's ratio of client CPU per store call
@@ -36,9 +35,6 @@ func TestZipfRatios(t *testing.T) {
 	impls := []benchImpl{
 		{"redis_rate", func(b *testing.B, par int) { benchRedisRate(b, srv, w, keys, seq, par) }},
 		{"hybrid", func(b *testing.B, par int) { benchHybrid(b, srv, w, keys, seq, par, hybridSetup{}) }},
-		{"hybrid+lenient", func(b *testing.B, par int) {
-			benchHybrid(b, srv, w, keys, seq, par, hybridSetup{limiter: []hybrid.Option{hybrid.WithStrictWindows(false)}})
-		}},
 	}
 	var out strings.Builder
 	fmt.Fprintf(&out, "medians of %d rounds, %s:\n", ratioRounds, w.name)
@@ -346,14 +342,14 @@ func ratiosTable(path string) (string, error) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "The last run (commit %s):\n\n", commit)
-	b.WriteString("| goroutines | hybrid × redis_rate | hybrid+lenient × redis_rate | p99 ms: hybrid / lenient / redis_rate | p99.9 ms: hybrid / lenient / redis_rate | client CPU per store call × redis_rate's: hybrid / lenient |\n")
-	b.WriteString("|---|---|---|---|---|---|\n")
+	b.WriteString("| goroutines | hybrid × redis_rate | p99 ms: hybrid / redis_rate | p99.9 ms: hybrid / redis_rate | client CPU per store call × redis_rate's |\n")
+	b.WriteString("|---|---|---|---|---|\n")
 	for _, g := range order {
-		h, st, rr := med[g]["hybrid"], med[g]["hybrid+lenient"], med[g]["redis_rate"]
-		if h == nil || st == nil || rr == nil {
+		h, rr := med[g]["hybrid"], med[g]["redis_rate"]
+		if h == nil || rr == nil {
 			return "", fmt.Errorf("%s: goroutines=%s lacks a row", path, g)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s / %s / %s | %s / %s / %s | %s / %s |\n", g, h[1], st[1], h[2], st[2], rr[2], h[3], st[3], rr[3], h[5], st[5])
+		fmt.Fprintf(&b, "| %s | %s | %s / %s | %s / %s | %s |\n", g, h[1], h[2], rr[2], h[3], rr[3], h[5])
 	}
 	return b.String(), nil
 }

@@ -88,15 +88,15 @@ func worstWindow(adm []admission, lim Limit, settled time.Time) (all, after int6
 }
 
 // TestKeyAtItsLimit: 4 limiters with their own clients, 16 goroutines
-// each, hammer one key of 2 000/s burst 200 for 6 s. Paced grants must
-// keep the bound in every window, use ≥ 95% of it, share it fairly, and
-// cost at most 10 store calls per 1 000 admitted (the at-limit target;
-// under the race detector, which starves the limiters' refills of CPU on
-// a small machine, at most 20). Stock records (standalone only, for
-// time) keep every window too, at more calls: a record counts what its
-// holder spent since its last call until its next, so each of N holders
-// calls about every Burst/(N·Rate), at least N/Burst calls a token (20
-// per 1 000 here); at most 45.
+// each, hammer one key of 2 000/s burst 200 for 6 s. By default (flow
+// grants) they must keep the bound in every window, use ≥ 95% of it,
+// share it fairly, and cost at most 10 store calls per 1 000 admitted
+// (under the race detector, which starves the limiters' refills of CPU
+// on a small machine, at most 20). Stock alone, without flow (standalone
+// only, for time), keeps every window too, at more calls: a record
+// counts what its holder spent since its last call until its next, so
+// each of N holders calls about every Burst/(N·Rate), at least N/Burst
+// calls a token (20 per 1 000 here); at most 45.
 func TestKeyAtItsLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("6 s of load per case")
@@ -108,7 +108,11 @@ func TestKeyAtItsLimit(t *testing.T) {
 	for _, tc := range append(cases, stock) {
 		t.Run(tc.name, func(t *testing.T) {
 			isStock := strings.HasSuffix(tc.name, "-stock")
-			lims := newFleet(t, 4, runPolicy("atlimit-"+tc.name, lim), tc.dial, WithStrictWindows(!isStock))
+			var opts []Option
+			if isStock {
+				opts = append(opts, lenient)
+			}
+			lims := newFleet(t, 4, runPolicy("atlimit-"+tc.name, lim), tc.dial, opts...)
 			start := time.Now()
 			adm, per, degraded := spin(lims, 16, 6*time.Second, tc.key)
 			elapsed := time.Since(start)
@@ -154,49 +158,5 @@ func TestKeyAtItsLimit(t *testing.T) {
 				t.Fatalf("%.1f store calls per 1000 admitted, want ≤ %.0f", perK, want)
 			}
 		})
-	}
-}
-
-// TestStrictGrantsFitTheirLines: under WithStrictWindows, 4 limiters each
-// asking 150/s of a 400/s key of burst 40, on real Redis. Each process's
-// future-dated grants fall due at the bucket's rate but are spent at its
-// own demand, and what is left when the grant's line ends is dropped; a
-// grant no larger than half what the process spends in that tail keeps
-// the loss small. At most 8% of leased tokens expire, two thirds of what
-// grants of a fair share of the reservation lost (11.6–12.3%, admitting
-// 354–365/s; the tail at full, 3–7%), and the fleet admits at least 95%
-// of the rate.
-// Measured 0.2–0.3% alone and beside two busy loops under -race, 2.9%
-// once in the whole suite, where spending is least even. Four copies at
-// once beside six busy loops on 2 cores: 0.2–3.3% but once 6.6% (32
-// runs); 0.2–10.3% (12 of 32 over 5%) while the grant's cap read the
-// fast-attack demand, which a process's catch-up after a stall lifts
-// past the rate (TestStrictGrantIgnoresACatchUpBurst).
-func TestStrictGrantsFitTheirLines(t *testing.T) {
-	if testing.Short() {
-		t.Skip("3 s of load")
-	}
-	t.Parallel()
-	lims := policyFleet(t, "strict-grants", 4, Limit{Rate: 400, Period: time.Second, Burst: 40}, WithStrictWindows(true))
-	ctx, cancel := context.WithCancel(context.Background())
-	adm := &admissions{}
-	start := time.Now()
-	wg := drive(ctx, lims, 150, "k", adm) // 600/s in all
-	time.Sleep(3 * time.Second)
-	cancel()
-	wg.Wait()
-	var expired, leased, calls int64
-	for _, l := range lims {
-		s := l.Stats()
-		expired, leased, calls = expired+s.TokensExpired, leased+s.TokensLeased, calls+s.StoreCalls
-	}
-	settled := adm.between(start.Add(time.Second), start.Add(3*time.Second)) / 2
-	t.Logf("%d/s admitted after the first second; %d of %d leased tokens expired (%.1f%%); %d store calls",
-		settled, expired, leased, 100*float64(expired)/float64(max(leased, 1)), calls)
-	if 100*expired > 8*leased {
-		t.Errorf("%d of %d leased tokens expired unspent, want ≤ 8%%", expired, leased)
-	}
-	if settled < 400*95/100 {
-		t.Errorf("%d/s admitted at a limit of 400/s with 600/s asked, want ≥ 95%%", settled)
 	}
 }

@@ -13,17 +13,14 @@ import (
 )
 
 // benchPolicies are the policy shapes a leased decision must cost the same
-// on: one token bucket, a sliding window, and two limits, by default (a
-// token bucket's lease is stock and its decision reads no clock); and a
-// token bucket whose lease decays (WithStrictWindows), whose decision
-// reads the real clock.
+// on: one token bucket (its lease is stock, spent by a coarse clock), a
+// sliding window, and two limits.
 var benchPolicies = []struct {
 	name string
 	p    Policy
 	opts []Option
 }{
 	{"gcra", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}}, []Option{WithClock(clock.Real())}},
-	{"gcra-decaying", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12}}, []Option{WithClock(clock.Real()), WithStrictWindows(true)}},
 	{"window", Policy{Name: "bench", Limit: Limit{Rate: 1e12, Period: time.Second, Burst: 1e12}, Algorithm: SlidingWindow},
 		[]Option{WithClock(clock.Real())}},
 	{"composite", Policy{Name: "bench", Limit: Limit{Rate: 1e9, Period: time.Second, Burst: 1e12},
@@ -47,15 +44,7 @@ func hotLimiterOf(tb testing.TB, p Policy, opts ...Option) *Limiter {
 	e := l.keys.load("hot")
 	// Stand in for a lease the store granted: the bench must not depend
 	// on refill timing.
-	if l.cfg.strict {
-		// A line of 1.8e12 tokens at the start, falling a token per 2 ns:
-		// above the lease for the bench's length, as a grant from a deep
-		// deficit would be.
-		e.lease.Drain()
-		e.lease.AddDecaying(1<<40, int64(time.Hour), int64(l.cfg.now()), tokenStep(p.Limit)+1, 1)
-	} else {
-		e.lease.Add(1<<40, int64(time.Hour))
-	}
+	e.lease.Add(1<<40, int64(time.Hour))
 	e.inflow.Add(1 << 40)
 	e.lease.SetLowWater(0)
 	return l

@@ -45,11 +45,14 @@ func TestGrantAdmitsSurviveEviction(t *testing.T) {
 // RetryAfter is admitted, a microsecond sooner is not (the grant's GCRA
 // at 20/s, burst 5; nobody else spends it).
 func TestGrantRetryAfterIsForN(t *testing.T) {
-	l := grantLimiterOf(t, WithStrictWindows(true)) // a refusal by the grant stands
+	l := grantLimiterOf(t)
 	clk := l.cfg.clk.(*clock.Manual)
 	b, err := local.NewBucket(local.Limit{Rate: 20, Period: time.Second, Burst: 5})
 	require.NoError(t, err)
 	e := l.keys.load("hot")
+	// The bucket is known dry for good: a refusal by the grant stands,
+	// with no stock asked for after it (Limiter.stockAfterGrant).
+	e.answer.refuse(1, mono(math.MaxInt64))
 	e.extra().grant.held.Store(&holding{bucket: b, share: 1, until: mono(math.MaxInt64)})
 	ctx := context.Background()
 	b.SetTokens(int64(l.cfg.now()), 5)
@@ -109,7 +112,7 @@ func TestFirstGrantAskCountsTheFleet(t *testing.T) {
 func holderOf(t *testing.T, name string, opts ...Option) (*fakeWorld, *Limiter, *entry) {
 	t.Helper()
 	w := newFakeWorld()
-	l := w.limiter(t, Policy{Name: name, Limit: PerSecond(1000)}, append([]Option{WithStrictWindows(true), WithCapacityLeases(15 * time.Second)}, opts...)...)
+	l := w.limiter(t, Policy{Name: name, Limit: PerSecond(1000)}, append([]Option{WithCapacityLeases(15 * time.Second)}, opts...)...)
 	require.True(t, l.Allow(context.Background(), "hot"))
 	e := l.keys.load("hot")
 	e.extra().grant.hotFrom.Store(1)

@@ -22,10 +22,9 @@ import (
 // Where each part goes, by the source of the decision:
 //   - lease, remote or grant: a refund goes into the key's lease (no store
 //     call; unspent, it goes back to the bucket with the lease), or back to
-//     the bucket when the key is not tracked; under WithStrictWindows only
-//     into the lease, under a line falling from the estimate at the
-//     charge, and what the line has passed lapses (see Limiter.refund); an
-//     extra is taken from the
+//     the bucket when the key is not tracked, less what the bucket's
+//     refill since the charge would have lost at its cap (see
+//     Limiter.refund); an extra is taken from the
 //     lease, then from the key's grant, and the rest is debited to the
 //     bucket (queued and sent at once, in the background).
 //   - degraded or fail-open: the outage debt the recovery charges grows by
@@ -135,25 +134,8 @@ func (c *Charge) Settled() bool { return c.settled.Load() }
 // refund gives back n tokens of settled charge c: into e's lease when
 // the key is tracked (spent or given back with it), else to the bucket.
 // Sliding windows and several limits get nothing back.
-//
-// Under WithStrictWindows the tokens never go to the bucket: by then it
-// may have refilled under a grant someone took after the charge, and
-// tokens given back under it would let a window see them and that grant's
-// both (+4 over Burst + Rate·w measured, TestChargeRefundKeepsEveryWindow).
-// They go into the lease as if the charge had leased its estimate and
-// spent the actual at once: under a line of their own that falls from the
-// estimate at the charge, a token per token of refill
-// (leaser.depositRefund). The charge's tokens obey such a line whether a
-// store call or the lease gave them: the lease held them under a line at
-// least that high, falling as fast. What the line has passed lapses.
 func (l *Limiter) refund(p *policyState, e *entry, c *Charge, n int64) {
 	if p.shaped {
-		return
-	}
-	if l.leaser.strict(p) {
-		if e != nil {
-			l.leaser.depositRefund(e, n, c.at, c.estimate)
-		}
 		return
 	}
 	if l.leaser.stock(p) {
@@ -216,7 +198,7 @@ func (l *Limiter) takeUpTo(e *entry, n int64, now mono) int64 {
 		if k <= 0 {
 			return 0
 		}
-		if ok, _ := e.take(k, now, &l.stats.tokensExpired); ok {
+		if ok, _ := e.take(k, now); ok {
 			return k
 		}
 	}

@@ -46,14 +46,7 @@ type entry struct {
 // emptyUntil). The leaser writes it when a reply arrives; decisions read
 // it lock-free.
 type answer struct {
-	emptyFor atomic.Int32 // clamped to the field
-	// lastTake is, under the entry's mu, when the bucket is full as the
-	// grant whose tokens alone fill the lease left it (the store's clock)
-	// less the lease's line end (the process clock), in µs; noTake while
-	// the lease may hold tokens of several grants (see takeFullAt). An
-	// offset in the padding after emptyFor: a full time would cost every
-	// tracked key 8 bytes (TestEntrySize).
-	lastTake   int32
+	emptyFor   atomic.Int32 // clamped to the field
 	emptyUntil atomicMono
 	resetAt    atomicMono
 	level      atomic.Int64 // -1 before the first answer
@@ -195,40 +188,14 @@ func (e *entry) refusedUntil(n int64, now mono) mono {
 func newEntry(key string) *entry {
 	e := &entry{key: key}
 	e.answer.level.Store(-1)
-	e.answer.lastTake = noTake
 	return e
-}
-
-// noTake marks a lease whose tokens may come from several grants.
-const noTake = math.MinInt32
-
-// setTakeFullAt records, under e.mu, that the lease's tokens all come from
-// the grant that left the bucket full at from (0: from no grant that may
-// be given back to), under a line ending at end; epoch is the limiter's
-// epoch in store µs.
-func (e *entry) setTakeFullAt(from storeMicros, end mono, epoch storeMicros) {
-	d := int64(from) - int64(epoch) - int64(end)/1000
-	if from == 0 || d <= noTake || d > math.MaxInt32 {
-		e.answer.lastTake = noTake // and a clock skew beyond 35 minutes
-		return
-	}
-	e.answer.lastTake = int32(d)
-}
-
-// takeFullAt is, under e.mu, the time to full of the grant whose tokens
-// alone fill the lease, if they do (see setTakeFullAt).
-func (e *entry) takeFullAt(epoch storeMicros) (storeMicros, bool) {
-	if e.answer.lastTake == noTake {
-		return 0, false
-	}
-	return epoch + storeMicros(e.lease.Expiry()/1000+int64(e.answer.lastTake)), true
 }
 
 // spend takes n tokens from the lease at now for one decision (see take)
 // and counts the admission; low reports that the lease fell below its
 // low-water mark. Under the default it takes no lock and reads no clock.
-func (e *entry) spend(n int64, now mono, expired *atomic.Int64) (ok, low bool, left int64) {
-	if ok, left = e.take(n, now, expired); ok {
+func (e *entry) spend(n int64, now mono) (ok, low bool, left int64) {
+	if ok, left = e.take(n, now); ok {
 		e.admits.Add(1)
 		low = left < e.lease.LowWater()
 	}
@@ -236,25 +203,13 @@ func (e *entry) spend(n int64, now mono, expired *atomic.Int64) (ok, low bool, l
 }
 
 // take takes n tokens from the lease at now: a now of noExpiry takes
-// whatever its expiry, any other only what its line holds then (see
-// takeDecaying).
-func (e *entry) take(n int64, now mono, expired *atomic.Int64) (ok bool, left int64) {
+// whatever its expiry (a plain lease, which the sweep drains), any other
+// only before it (a stock lease, whose record counts it until then).
+func (e *entry) take(n int64, now mono) (ok bool, left int64) {
 	if now == noExpiry {
 		return e.lease.Take(n)
 	}
-	return e.takeDecaying(n, now, expired)
-}
-
-// takeDecaying is take under WithStrictWindows (see
-// lease.Cell.TakeDecaying); the tokens it finds decayed unspent are
-// dropped and counted in expired.
-func (e *entry) takeDecaying(n int64, now mono, expired *atomic.Int64) (ok bool, left int64) {
-	ok, left, decayed := e.lease.TakeDecaying(n, int64(now))
-	if decayed > 0 {
-		e.inflow.Add(-decayed)
-		expired.Add(decayed)
-	}
-	return ok, left
+	return e.lease.TakeLive(n, int64(now))
 }
 
 func (a *answer) resetAfter(now mono) time.Duration {

@@ -128,41 +128,34 @@ func TestFlightAfterCloseEndsInline(t *testing.T) {
 // flies on the workers, as a caller's flight does; run as a clock
 // callback it started a goroutine per refill.
 func TestRefillsStartNoGoroutine(t *testing.T) {
-	// Far below its limit, in company (a lone process's lease under
-	// WithStrictWindows would take the whole level and last): leases of
-	// 1 ms of demand, or under the default a tenth of Burst that decays
-	// in 10 ms, hundreds of refills a second. One mode after the other:
-	// the goroutine count is the whole process's.
+	// Far below its limit, in company: leases of 1 ms of demand,
+	// hundreds of refills a second.
 	lim := Limit{Rate: 1e8, Period: time.Second, Burst: 1e7}
-	for _, strict := range []bool{true, false} {
-		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
-			l, err := New(remote.NewRedis(standaloneDial(t)), runPolicy("refills", lim), quiet, WithStoreTimeout(time.Minute),
-				WithRefillHorizon(time.Millisecond), WithFleetSize(2), WithStrictWindows(strict))
-			require.NoError(t, err)
-			defer l.Close(context.Background())
-			ctx := context.Background()
-			admitted, decided := 0, 0
-			run := func(d time.Duration) {
-				for end := time.Now().Add(d); time.Now().Before(end); {
-					for range 100 {
-						if l.Allow(ctx, "busy") {
-							admitted++
-						}
-						decided++
-					}
+	l, err := New(remote.NewRedis(standaloneDial(t)), runPolicy("refills", lim), quiet, WithStoreTimeout(time.Minute),
+		WithRefillHorizon(time.Millisecond), WithFleetSize(2))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	admitted, decided := 0, 0
+	run := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			for range 100 {
+				if l.Allow(ctx, "busy") {
+					admitted++
 				}
+				decided++
 			}
-			run(200 * time.Millisecond) // warm-up: a worker starts
-			before, s0 := spawn.Count(), l.Stats()
-			run(time.Second)
-			created, calls := spawn.Count()-before, l.Stats().StoreCalls-s0.StoreCalls
-			t.Logf("%d of %d admitted; %d store calls started %d goroutines", admitted, decided, calls, created)
-			require.Greater(t, calls, int64(20), "the lease is refilled in the background")
-			// The limiter's tickers (sweep, heartbeat, policy reads) run a
-			// few callbacks a second, each in a goroutine.
-			require.LessOrEqual(t, created, uint64(calls)/10+20, "%d store calls started %d goroutines", calls, created)
-		})
+		}
 	}
+	run(200 * time.Millisecond) // warm-up: a worker starts
+	before, s0 := spawn.Count(), l.Stats()
+	run(time.Second)
+	created, calls := spawn.Count()-before, l.Stats().StoreCalls-s0.StoreCalls
+	t.Logf("%d of %d admitted; %d store calls started %d goroutines", admitted, decided, calls, created)
+	require.Greater(t, calls, int64(20), "the lease is refilled in the background")
+	// The limiter's tickers (sweep, heartbeat, policy reads) run a
+	// few callbacks a second, each in a goroutine.
+	require.LessOrEqual(t, created, uint64(calls)/10+20, "%d store calls started %d goroutines", calls, created)
 }
 
 // TestHandoutNoCallerTookIsDropped: the tokens a call brings for the

@@ -20,12 +20,7 @@ var quiet = WithLogger(slog.New(slog.DiscardHandler))
 // lenient pins stock leases without flow, for tests of what stock alone
 // does (sizing by demand, tokens given back whole, charges refunded into
 // the lease); WithCapacityLeases given after it turns flow back on.
-var lenient = optionFunc(func(c *config) { c.strict, c.grantTerm, c.grantTermSet = false, 0, true })
-
-// decaying pins leases that decay as their bucket refills, with no grants
-// unless WithCapacityLeases asks for them, for tests of what that mode
-// does (WithStrictWindows(true)).
-var decaying = WithStrictWindows(true)
+var lenient = optionFunc(func(c *config) { c.grantTerm, c.grantTermSet = 0, true })
 
 // fakeWorld is a MemoryStore and every limiter on one manual clock.
 type fakeWorld struct {

@@ -57,7 +57,7 @@ type leaser struct {
 // its low-water mark. It is the hot path: e.spend inlines, and the refill
 // call runs about once per batch.
 func (ls *leaser) spend(e *entry, n int64, now mono) (ok bool, left int64) {
-	ok, low, left := e.spend(n, now, &ls.stats.tokensExpired)
+	ok, low, left := e.spend(n, now)
 	if low {
 		ls.refillAsync(e, now)
 	}
@@ -67,8 +67,7 @@ func (ls *leaser) spend(e *entry, n int64, now mono) (ok bool, left int64) {
 // sizeLease picks the batch to ask for and the low-water mark, from the
 // key's demand: demand × horizon, at least need and 1, at most the policy's
 // maximum lease (unless need alone is larger); a token more than need for a
-// key that comes back well within a lease's life, or under
-// WithStrictWindows, decayingSpare more.
+// key that comes back well within a lease's life.
 func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int64 {
 	e.mu.Lock()
 	// A key whose last store call was within half a lease's life comes
@@ -86,12 +85,6 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int6
 	horizon := ls.cfg.horizon
 	if p.hold > 0 {
 		horizon = min(horizon, p.life) // a window's lease lives that long
-	}
-	if ls.strict(p) {
-		// A lease holds its tokens while the bucket refills to the level
-		// it came from (see lifetime): by the last answer, until it is
-		// full. Past that they decay (see decayingSpare).
-		horizon = min(horizon, max(e.answer.resetAt.Load().sub(now), 0))
 	}
 	perHorizon := rate * horizon.Seconds()
 	batch := int64(math.Ceil(perHorizon))
@@ -115,10 +108,7 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int6
 		low = 0
 	}
 	e.setLowWater(low)
-	if ls.strict(p) {
-		return max(batch, need+ls.decayingSpare(e, p.tier(e), now))
-	}
-	if back && p.hold == 0 && !ls.strict(p) {
+	if back && p.hold == 0 {
 		// Keep a token for the key's next decision. Without it a key
 		// whose batch the cap holds to one token (any Burst under 20)
 		// pays a store call for every decision however often it comes.
@@ -126,46 +116,6 @@ func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int6
 		return max(batch, need+1)
 	}
 	return max(batch, need)
-}
-
-// decayingSpare is how many tokens more than its callers need a lease
-// asks for under WithStrictWindows, where a lease of any size keeps the
-// bound (see lifetime) but one from a near-full bucket decays as soon as
-// it is granted. A process the fleet count says is alone (WithFleetSize(1),
-// or heartbeats counting 1 from the second on: processes started together
-// each count only those that announced before them) takes the bucket's
-// whole level (the last answer's, refilled since; Burst for a key never
-// answered): its decay is the refill behind it, lost to no one.
-//
-// A process in company of N takes a spare only from a bucket the last
-// answer left at least half full, a key below its limit, where what
-// decays unspent is refill the bucket had no room for: half an even
-// part of the level, level/(2N), at most a maximum lease. Each grant then
-// comes from a bucket the earlier spares lowered, so it holds its tokens
-// longer (see lifetime) and serves the process's next decisions: 4
-// limiters at half a key's limit make 0.22 store calls per decision
-// with it, 1.0 without (TestKeySpreadBelowItsLimit). A bucket
-// below half is one the fleet draws near its limit, where spares that
-// decay unspent are tokens the fleet could have admitted (measured: an
-// even part of the level, level/N, cost scale-100x10k 1.8 points of its
-// servable demand; level/(2N) nothing).
-func (ls *leaser) decayingSpare(e *entry, t *tierState, now mono) int64 {
-	lim, alone := t.limits[0], ls.alone(now)
-	if !e.answer.seen() {
-		if alone {
-			return lim.Burst
-		}
-		return 0
-	}
-	level := e.answer.remaining(lim, 0, now)
-	if alone {
-		return level
-	}
-	if 2*level < lim.Burst {
-		return 0
-	}
-	n := int64(max(ls.outage.size(), 1))
-	return min(t.maxLease, level/(2*n))
 }
 
 // alone reports whether the fleet count says this process is the only
@@ -497,8 +447,8 @@ func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote
 }
 
 // stock reports whether leases under p are counted under this process's
-// record at the store until their term (a token bucket, without
-// WithStrictWindows, on a store that is not a region's).
+// record at the store until their term (a token bucket, on a store that
+// is not a region's).
 func (ls *leaser) stock(p *policyState) bool { return ls.cfg.stock && !p.shaped }
 
 // stockGrace is how long the store counts a lease's record past the
@@ -574,13 +524,7 @@ func (ls *leaser) contendedShare(e *entry, p *policyState, now mono) int64 {
 		return lim.TokensIn(ls.cfg.maxDelay * 4 / 5)
 	}
 	share := lim.TokensIn(ls.cfg.maxDelay/2) / int64(max(ls.outage.size(), 1))
-	switch {
-	case ls.strict(p):
-		e.mu.Lock()
-		u := e.steadyUse(lim)
-		e.mu.Unlock()
-		share = min(share, strictTail(lim, u))
-	case ls.stock(p):
+	if ls.stock(p) {
 		// A record holds the bucket's room until its holder's next
 		// call: a share this process spends within half a reservation
 		// turns over, where a fleet still counted as one at start-up
@@ -592,27 +536,6 @@ func (ls *leaser) contendedShare(e *entry, p *policyState, now mono) int64 {
 		share = min(share, max(int64(u*float64(lim.TokensIn(ls.cfg.maxDelay/2))), 1))
 	}
 	return share
-}
-
-// strictTail caps a future-dated grant under WithStrictWindows for a
-// process asking u of lim's rate (entry.steadyUse). The grant's tokens
-// fall due at the bucket's rate, and its line ends Burst/Rate after the
-// last of them (see lifetime); a process spending at u = demand/Rate < 1 of the rate
-// still holds g·(1 − u) of a grant of g then, and spends u·Burst before
-// the line ends. Half that break-even, u·Burst/(2(1 − u)), leaves room
-// for uneven spending: 4 limiters asking 150/s of 400/s burst 40 dropped
-// 12% of their tokens with the fair share alone (25 a grant), 3–7% at
-// the break-even, 0.2–0.3% at half, for 1.8× the store calls
-// (TestStrictGrantsFitTheirLines). A process asking the rate or more
-// spends as fast as the tokens fall due: no cap. u is the steady demand,
-// not the fast-attack one that sizes leases: a process serving its
-// backlog after a stall looked uncapped for seconds and dropped 8–10% of
-// its tokens on a loaded machine (TestStrictGrantIgnoresACatchUpBurst).
-func strictTail(lim Limit, u float64) int64 {
-	if u >= 1 {
-		return math.MaxInt64
-	}
-	return max(int64(u*float64(lim.Burst)/(2*(1-u))), 1)
 }
 
 // atLimit reports a key at its limit, or one the store has not answered for
@@ -642,15 +565,7 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, req remote.
 		ls.bucketLost(e)
 	}
 	e.answer.record(res.Remaining, res.ResetAfter, now)
-	// A lone strict process leases a bucket's whole level (see
-	// decayingSpare): the bucket it leaves empty is one no other draws,
-	// whose mark entry.mark need not keep (it would cost each such key
-	// its rare state: 518.9 B/key against 196.1 by default in make bench).
-	held := res.Remaining
-	if ls.strict(p) && ls.alone(now) {
-		held += res.Granted
-	}
-	e.mark(res.Mark, held, p.tier(e).maxLease)
+	e.mark(res.Mark, res.Remaining, p.tier(e).maxLease)
 	if res.Binding != 0 || e.rare.Load() != nil {
 		e.extra().binding.Store(int32(res.Binding))
 	}
@@ -695,10 +610,9 @@ func (ls *leaser) cacheRefusal(e *entry, p *policyState, need int64, retry time.
 }
 
 // granted puts the tokens of a reply that granted some where they belong:
-// a sliding window's lease until its hold, a lease until its TTL (or, under
-// WithStrictWindows, the waiting callers' at once and the rest until the
-// bucket's refill, see lifetime), or a reservation released at the
-// bucket's pace.
+// a sliding window's lease until its hold, a stock lease until its
+// record's term (the waiting callers' at once), a plain lease until its
+// TTL, or a reservation released at the bucket's pace.
 func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, spend, waiters int64, start, now mono) fetchOutcome {
 	switch {
 	case res.Delay <= 0 && p.hold > 0:
@@ -721,27 +635,11 @@ func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, spend, wa
 			ls.settle.later(ls.returnItem(p, e, rest))
 		}
 		return fetchOutcome{deposited: true, handout: hand, at: now}
-	case res.Delay <= 0 && !ls.strict(p):
+	case res.Delay <= 0:
 		ls.deposit(e, res.Granted, now.add(ls.cfg.leaseTTL), now)
 		return fetchOutcome{deposited: true, at: now}
-	case res.Delay <= 0:
-		// The waiting callers' tokens are theirs at once: the store
-		// admitted them when it granted them. The rest lives only as
-		// long as the bucket takes to refill.
-		hand := ls.handOut(e, res.Granted, waiters)
-		if rest := res.Granted - hand; rest > 0 {
-			var from storeMicros // a bucket that keeps grants takes no conditional return
-			if res.Holders == 0 {
-				from = storeTime(res.Now.Add(res.ResetAfter))
-			}
-			ls.depositFrom(e, rest, ls.lifetime(res, start), now, from)
-		}
-		return fetchOutcome{deposited: true, handout: hand, at: now}
 	}
 	until := mono(math.MaxInt64) // given back when it expires, as leases are
-	if ls.strict(p) {
-		until = ls.lifetime(res, start)
-	}
 	if ls.stock(p) {
 		until = ls.stockUntil(start, res.Delay)
 	}
@@ -761,89 +659,32 @@ func (ls *leaser) bucketLost(e *entry) {
 	}
 }
 
-// lifetime is the end of the line under which the tokens of a lease on a
-// token bucket (t's limit, one limit), sent for at start and answered
-// with res, may be spent: they are spendable at t up to (end − t)/step,
-// one token less per step of the bucket's refill (see lease.Cell). end is
-// start plus the time the bucket, as the grant left it, takes to refill
-// to Burst: a grant of g from a level L holds g for the (Burst − L) steps
-// the bucket takes back to L, then decays a token a step.
-//
-// This keeps bucket plus every held token at most Burst at every instant,
-// whoever holds what, so the bound holds in every window. Take the
-// earliest grant (τ, L, g) whose tokens some process still holds at t:
-// every later grant came out of the bucket, which only refill raised
-// since (unspent tokens are dropped at their line's end, never given
-// back), so the bucket and the later grants' held tokens are at most
-// L − g + Rate·(t − τ); the earliest's own held tokens are at most its
-// line, g + (Burst − L) − Rate·(t − τ); the sum is at most Burst. A cell
-// that holds tokens of two grants keeps each under its own line (see
-// lease.Cell.AddDecaying). A lease from a full bucket so decays from the
-// start, and one from a bucket in deficit (a key near or at its limit,
-// future-dated grants out) holds its tokens as long as the deficit takes
-// to refill.
-//
-// ResetAfter is the time to full after the grant, rounded up to the
-// microsecond (a microsecond comes off), from the store's clock when it
-// ran the call, which is no earlier than start. A bucket that keeps
-// capacity grants refills slower and to less than Burst, so its leases
-// hold nothing past their callers.
-func (ls *leaser) lifetime(res remote.Result, start mono) mono {
-	if res.Holders > 0 {
-		return start
-	}
-	return start.add(max(res.ResetAfter-time.Microsecond, 0))
-}
-
-// strict reports whether leases under p end as their bucket refills
-// (WithStrictWindows, a token bucket).
-func (ls *leaser) strict(p *policyState) bool { return ls.cfg.strict && !p.shaped }
-
-// deposit puts n granted tokens in e's lease, spendable until until under
-// WithStrictWindows, else given back when the lease expires (TTL from
-// now); if e was closed meanwhile (eviction, Close) they can no longer be
-// spent.
-func (ls *leaser) deposit(e *entry, n int64, until, now mono) { ls.depositFrom(e, n, until, now, 0) }
-
-// depositFrom is deposit for tokens of the grant that left the bucket full
-// at from (its reply's Now plus ResetAfter; 0 for tokens that can only
-// lapse), which release may give back under WithStrictWindows while they
-// are the lease's only tokens.
-func (ls *leaser) depositFrom(e *entry, n int64, until, now mono, from storeMicros) {
+// deposit puts n granted tokens in e's lease: a stock lease's until its
+// record's term (until, at most the latest record's), a plain lease's
+// until the TTL from now, after which the sweep gives them back; if e was
+// closed meanwhile (eviction, Close) they can no longer be spent and go
+// back at once.
+func (ls *leaser) deposit(e *entry, n int64, until, now mono) {
 	ls.stats.tokensLeased.Add(n)
 	p := ls.policy.load()
-	if !ls.strict(p) {
-		end := int64(now.add(ls.cfg.leaseTTL))
-		if ls.stock(p) {
-			// Spendable until the latest record's term at most, which
-			// counts them (a future-dated lease's tokens, due now: its
-			// Keep did).
-			end = min(int64(until), e.lease.Expiry())
-		}
-		if e.lease.Add(n, end) {
-			e.inflow.Add(n)
-			return
-		}
-		ls.giveBack(e, n)
+	end := int64(now.add(ls.cfg.leaseTTL))
+	if ls.stock(p) {
+		// Spendable until the latest record's term at most, which
+		// counts them (a future-dated lease's tokens, due now: its
+		// Keep did).
+		end = min(int64(until), e.lease.Expiry())
+	}
+	if e.lease.Add(n, end) {
+		e.inflow.Add(n)
 		return
 	}
-	lim := p.tier(e).limits[0]
-	step := lineStep(lim)
-	e.mu.Lock() // the lease's writers are serialized
-	// The key's demand here against the rate its lines fall at.
-	ok, expired, alone := e.lease.AddDecaying(n, int64(until), int64(now), step, e.steadyUse(lim))
-	if ok {
-		e.inflow.Add(n - expired)
-		if !alone {
-			from = 0
-		}
-		e.setTakeFullAt(from, mono(e.lease.Expiry()), storeTime(ls.cfg.epoch))
-	}
-	e.mu.Unlock()
-	ls.stats.tokensExpired.Add(expired)
-	if !ok {
-		ls.giveBack(e, n)
-	}
+	ls.giveBack(e, n)
+}
+
+// giveBack gives n of e's tokens that can no longer be spent back to the
+// bucket.
+func (ls *leaser) giveBack(e *entry, n int64) {
+	ls.settle.later(ls.returnItem(ls.policy.load(), e, n))
 }
 
 // handOut gives the callers waiting on e's flight their tokens of a
@@ -858,37 +699,6 @@ func (ls *leaser) handOut(e *entry, granted, waiters int64) int64 {
 	e.misses.Add(-hand)
 	e.inflow.Add(hand)
 	return hand
-}
-
-// lineStep is the nanoseconds per token a decaying lease's line falls
-// under lim: a token per step of the bucket, rounded up, so that the line
-// falls no slower than the bucket refills.
-func lineStep(lim Limit) int64 { return max(tokenStep(lim), 1) + 1 }
-
-// depositRefund puts n refunded tokens of a charge of estimate decided at
-// at in e's lease, under WithStrictWindows: under a line that falls from
-// the estimate at the charge a token per step of the bucket, as a lease of
-// the charge's tokens would (see lifetime; AddDecaying keeps it apart from
-// the lease's other lines). Past its end they lapse.
-func (ls *leaser) depositRefund(e *entry, n int64, at mono, estimate int64) {
-	step := lineStep(ls.policy.load().tier(e).limits[0])
-	now := ls.cfg.now()
-	estimate = min(estimate, math.MaxInt64/4/step) // a line past any lease's life
-	if estimate > int64(now.sub(at))/step {        // else the line has ended
-		ls.depositFrom(e, n, at.add(time.Duration(estimate*step)), now, 0)
-	}
-}
-
-// giveBack settles n of e's tokens that can no longer be spent: given
-// back to the bucket, but for WithStrictWindows, which drops a token
-// bucket's (see lifetime: a bucket that got them back could refill past
-// Burst under leases others hold).
-func (ls *leaser) giveBack(e *entry, n int64) {
-	if p := ls.policy.load(); !ls.strict(p) {
-		ls.settle.later(ls.returnItem(p, e, n))
-		return
-	}
-	ls.stats.tokensExpired.Add(n)
 }
 
 // depositHeld puts tokens of a sliding window, granted at store time
@@ -955,8 +765,6 @@ func (ls *leaser) release(p *policyState, e *entry) []reconcile.Item {
 	ls.stopDrain(e)
 	var out []reconcile.Item
 	e.mu.Lock()
-	from, last := e.takeFullAt(storeTime(ls.cfg.epoch))
-	live := mono(e.lease.Expiry()) > ls.cfg.now()
 	again := e.lease.Closed()
 	n := e.lease.Close()
 	e.mu.Unlock()
@@ -978,14 +786,10 @@ func (ls *leaser) release(p *policyState, e *entry) []reconcile.Item {
 	}
 	if n > 0 {
 		e.inflow.Add(-n)
-		if ls.strict(p) && last && live {
-			out = append(out, ls.returnIfLast(p, e, n, from))
-		} else {
-			out = append(out, ls.settleUnspent(p, e, n)...)
-		}
+		out = append(out, ls.returnItem(p, e, n))
 	}
 	if n := ls.pace.cancel(e); n > 0 {
-		out = append(out, ls.settleUnspent(p, e, n)...)
+		out = append(out, ls.returnItem(p, e, n))
 	}
 	return out
 }
@@ -1002,18 +806,8 @@ func (ls *leaser) drainExpired(p *policyState, e *entry, now mono) []reconcile.I
 	e.mu.Unlock()
 	if n > 0 {
 		e.inflow.Add(-n)
-		return ls.settleUnspent(p, e, n)
-	}
-	return nil
-}
-
-// settleUnspent is what becomes of n of e's tokens that will not be spent
-// (expired, cut, released): given back, or dropped (see giveBack).
-func (ls *leaser) settleUnspent(p *policyState, e *entry, n int64) []reconcile.Item {
-	if !ls.strict(p) {
 		return []reconcile.Item{ls.returnItem(p, e, n)}
 	}
-	ls.stats.tokensExpired.Add(n)
 	return nil
 }
 
@@ -1025,29 +819,9 @@ func (ls *leaser) cut(p *policyState, e *entry, keep int64) []reconcile.Item {
 	e.mu.Unlock()
 	if n > 0 {
 		e.inflow.Add(-n)
-		return ls.settleUnspent(p, e, n)
+		return []reconcile.Item{ls.returnItem(p, e, n)}
 	}
 	return nil
-}
-
-// returnIfLast is the settlement that gives back, under WithStrictWindows,
-// the n unspent tokens of the one grant e's lease held (Close, eviction),
-// if the grant that left the bucket full at from is still the bucket's
-// last take when the return lands: the store then takes them back
-// (remote.Request.FullAt), else they lapse (Stats.TokensExpired).
-//
-// Why this keeps the bound of every window (see lifetime): what the
-// bucket and the grants after some grant E hold is at most what E left
-// plus refill, because each of them came out of the bucket; a return of
-// one of those grants' unspent tokens only moves tokens back, and E's own
-// line still bounds E. A return of a grant older than E would add what E's
-// line does not count, so a grant some process took after is never given
-// back to. Tokens of a line already ended have nothing to give: the bucket
-// is full behind them.
-func (ls *leaser) returnIfLast(p *policyState, e *entry, n int64, from storeMicros) reconcile.Item {
-	it := ls.returnItem(p, e, n)
-	it.Req.FullAt = from.time()
-	return it
 }
 
 // returnItem is the settlement that gives n of e's tokens back to its

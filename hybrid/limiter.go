@@ -74,8 +74,7 @@ func New(store remote.Store, p Policy, opts ...Option) (*Limiter, error) {
 	if !ok {
 		bs = breaker.NewStore(store, breaker.Settings{Clock: cfg.clk})
 	}
-	cfg.strict = cfg.strict && !regional(store)
-	cfg.stock = !cfg.strict && !regional(store)
+	cfg.stock = !regional(store)
 	cfg.realtime = clock.Realtime(cfg.clk)
 	l := &Limiter{cfg: cfg, store: bs, bg: background.New(cfg.clk), keys: keyTable{max: int64(cfg.maxKeys)}, stats: newCounters()}
 	l.cfg.epoch = cfg.clk.Now()

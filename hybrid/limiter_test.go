@@ -166,64 +166,6 @@ func TestCloseGivesTokensBack(t *testing.T) {
 	}
 }
 
-// TestCloseGivesBackTheLastGrant: decaying leases (WithStrictWindows) give their
-// unspent tokens back at Close only to a bucket nobody took from since
-// their grant (remote.Request.FullAt); otherwise they lapse, counted as
-// expired. Without it a lone process's restart left a bucket of 1 000
-// at 1 per hour empty: 950 of its tokens dropped, back only at the rate.
-func TestCloseGivesBackTheLastGrant(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	lim := Limit{Rate: 1, Period: time.Hour, Burst: 1000}
-	level := func(t *testing.T, w *fakeWorld, name string) int64 {
-		t.Helper()
-		req := remote.Request{Policy: name, Key: "k", Limit: lim, Version: 1, N: 1}
-		res, err := w.store.Lease(ctx, req)
-		require.NoError(t, err)
-		_, err = w.store.Return(ctx, req)
-		require.NoError(t, err)
-		return res.Remaining + res.Granted
-	}
-	t.Run("alone", func(t *testing.T) {
-		w := newFakeWorld()
-		l := w.limiter(t, Policy{Name: "alone", Limit: lim}, WithFleetSize(1), decaying)
-		for i := range 50 {
-			require.True(t, l.Allow(ctx, "k"), "decision %d", i)
-		}
-		quiesce(t, l)
-		held := l.keys.load("k").lease.Tokens()
-		require.Equal(t, int64(950), held, "a lone process leases the whole level")
-		require.NoError(t, l.Close(ctx))
-		require.Equal(t, int64(950), level(t, w, "alone"), "the bucket after Close")
-		s := l.Stats()
-		require.Equal(t, held, s.TokensReturned)
-		require.Zero(t, s.TokensExpired)
-	})
-	t.Run("taken from since", func(t *testing.T) {
-		w := newFakeWorld()
-		p := Policy{Name: "pair", Limit: lim}
-		a, b := w.limiter(t, p, WithFleetSize(2), decaying), w.limiter(t, p, WithFleetSize(2), decaying)
-		for range 50 {
-			require.True(t, a.Allow(ctx, "k"))
-		}
-		quiesce(t, a)
-		require.True(t, b.Allow(ctx, "k")) // b's grant comes after a's
-		quiesce(t, b)
-		heldA, heldB := a.keys.load("k").lease.Tokens(), b.keys.load("k").lease.Tokens()
-		require.Positive(t, heldA)
-		before := level(t, w, "pair")
-		require.NoError(t, a.Close(ctx))
-		require.Equal(t, before, level(t, w, "pair"), "a's tokens given back under b's grant")
-		require.Zero(t, a.Stats().TokensReturned)
-		require.Equal(t, heldA, a.Stats().TokensExpired, "a's tokens lapse")
-		// The peek above was a take too: b's grant is no longer the
-		// bucket's last either.
-		require.NoError(t, b.Close(ctx))
-		require.Equal(t, before, level(t, w, "pair"))
-		require.Equal(t, heldB, b.Stats().TokensExpired)
-	})
-}
-
 // TestStockServesABurst: with stock records a process alone on a key of
 // 10 an hour, burst 10, admits the whole burst back to back and nothing
 // more, on the memory store and on real Redis, and a second process

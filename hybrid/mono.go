@@ -16,15 +16,15 @@ import (
 type mono int64
 
 // noExpiry is the time a decision passes to spend when leases expire
-// only when the sweep drains them (without WithStrictWindows): the hot
-// path then reads no clock.
+// only when the sweep drains them (plain leases, on a region's store):
+// the hot path then reads no clock.
 const noExpiry = mono(math.MinInt64)
 
 // spendAtNow is the time a decision that has read now spends leased
-// tokens at: now under WithStrictWindows, whose leases decay exactly (see
-// leaser.lifetime), noExpiry otherwise.
+// tokens at: now for stock, whose record counts them only until its
+// term, noExpiry otherwise.
 func (c *config) spendAtNow(now mono) mono {
-	if c.strict || c.stock {
+	if c.stock {
 		return now
 	}
 	return noExpiry

@@ -22,10 +22,9 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	prefix   string
 	leaseTTL time.Duration
-	strict   bool // WithStrictWindows
 	// stock: leases of token buckets are counted under this process's
 	// record at the store until their term (remote.Stock); set by New
-	// when the store keeps records and leases do not decay.
+	// when the store keeps records (one that is not a region's).
 	stock bool
 	// realtime: the clock is the real one (set by New); on another a run
 	// must be deterministic (the simulator's).
@@ -62,7 +61,6 @@ func buildConfig(opts []Option) (config, error) {
 	c := config{
 		prefix:       remote.DefaultPrefix,
 		leaseTTL:     time.Second,
-		strict:       false, // WithStrictWindows
 		horizon:      100 * time.Millisecond,
 		maxFraction:  0.1,
 		storeTimeout: 50 * time.Millisecond,
@@ -77,7 +75,7 @@ func buildConfig(opts []Option) (config, error) {
 	for _, o := range opts {
 		o.apply(&c)
 	}
-	if !c.grantTermSet && !c.strict {
+	if !c.grantTermSet {
 		c.grantTerm = defaultGrantTerm
 	}
 	if c.hbExpiry == 0 {
@@ -145,34 +143,18 @@ func WithTier(tierOf func(key string) string) Option {
 
 // WithLeaseTTL sets how long leased tokens may sit unspent before they are
 // given back. Shorter returns tokens sooner; longer saves store calls on
-// bursty keys. The default is 1 s; a stock lease's record counts it 1 s
-// past its TTL. Under WithStrictWindows(true) a
-// token bucket's lease ends with its line instead; the TTL then bounds the
-// leases of sliding windows and several limits, and how far ahead a grant
-// may be future-dated (half of it, see WithMaxReservation).
+// bursty keys. The default is 1 s. A token bucket's lease is stock: the
+// store counts its tokens under this process's record, and refills the
+// bucket only up to Burst less what every holder holds, until the TTL
+// and 1 s more (docs/how-it-works.md).
 func WithLeaseTTL(d time.Duration) Option { return optionFunc(func(c *config) { c.leaseTTL = d }) }
-
-// WithStrictWindows chooses how a token bucket's leases keep the bound in
-// every window. Off, the default, a lease is stock: the store counts its
-// tokens under this process's record until its term (remote.Stock) and
-// refills the bucket only up to Burst less what every holder holds, and a
-// key its fleet asks well past the rate holds flow (WithCapacityLeases).
-// On, leases decay instead: a lease loses a token per token its bucket
-// refills, nothing is counted at the store, and there are no grants unless
-// WithCapacityLeases asks for them. docs/how-it-works.md compares the two.
-// Over a region's store (remote/tiered) leases are plain either way: the
-// region's pools hold the parent's tokens for their TTL.
-func WithStrictWindows(on bool) Option { return optionFunc(func(c *config) { c.strict = on }) }
 
 // regional reports whether s, or a store it wraps (through Unwrap, as
 // breaker.Store does), answers for one region from pools of a parent's
 // buckets: a tiered.Store, known by its Region method. A pool holds the
-// parent's tokens until it spends them or its TTL ends, so the parent's
-// bucket refills behind them whatever the processes' leases do, and
-// WithStrictWindows could not keep every window there: it would only
-// drop tokens (measured: the simulator's tiered worlds at 91.6–94.2% of
-// their servable demand under it, 89.0–94.5% with the spares strict
-// leases take in company, 95% and more without).
+// parent's tokens until it spends them or its TTL ends: a process's
+// leases there are plain (given back at their TTL), as the pools bound
+// what the region spends.
 func regional(s remote.Store) bool {
 	for range 16 { // a wrapper that unwraps to itself ends too
 		if _, ok := s.(interface{ Region() string }); ok {
@@ -195,8 +177,8 @@ func WithRefillHorizon(d time.Duration) Option {
 
 // WithMaxLeaseFraction caps a lease at this fraction of Burst (at least one
 // token), so that no process hoards the bucket. The default is 0.1, and
-// stock leases (see WithStrictWindows) may take up to Burst/(2N) in a
-// fleet of N unless this option is given.
+// on a key at its limit a lease may take up to Burst/(2N) in a fleet of
+// N unless this option is given.
 func WithMaxLeaseFraction(f float64) Option {
 	return optionFunc(func(c *config) { c.maxFraction, c.maxFractionSet = f, true })
 }
@@ -268,7 +250,8 @@ func WithSeed(seed uint64) Option {
 // shorter than the term admits nothing over the limit; a crashed holder's
 // share stays counted until its term ends (Close gives it back at once).
 // The default is 15 s, which rides out a Redis failover with renewals to
-// spare (under WithStrictWindows(true), no grants); 0 turns grants off. Sliding windows and several limits take no grants.
+// spare; 0 turns grants off. Sliding windows and several limits take no
+// grants.
 func WithCapacityLeases(term time.Duration) Option {
 	return optionFunc(func(c *config) { c.grantTerm, c.grantTermSet = term, true })
 }

@@ -111,7 +111,6 @@ func (s *settlement) account(n int, rep reconcile.Report) {
 	s.stats.storeCalls.Add(int64(n))
 	s.stats.storeErrors.Add(int64(len(rep.Failed)))
 	s.stats.tokensReturned.Add(rep.Returned)
-	s.stats.tokensExpired.Add(rep.Lapsed)
 	s.stats.tokensDebited.Add(rep.Debited)
 }
 

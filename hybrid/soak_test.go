@@ -32,22 +32,14 @@ func soakDuration(t *testing.T) time.Duration {
 // checks the end state: no errors but corrupt-free decisions, every key's
 // books balance (tokens leased = spent + given back or expired + still
 // held, and spent = the lease admissions callers saw), no goroutine left
-// after Close, and a heap that did not grow with time. It runs in the
-// default mode and under WithStrictWindows, whose calls hand tokens to
-// the callers waiting on them.
+// after Close, and a heap that did not grow with time.
 func TestSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("soak")
 	}
-	for _, strict := range []bool{false, true} {
-		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) { soak(t, strict) })
-	}
-}
-
-func soak(t *testing.T, strict bool) {
 	srv := redistest.NewServer(t)
 	lims := newFleet(t, 4, Policy{Name: "soak", Limit: Limit{Rate: 2000, Period: time.Second, Burst: 400}}, dial(srv),
-		WithHeartbeat(100*time.Millisecond, 300*time.Millisecond), WithStrictWindows(strict))
+		WithHeartbeat(100*time.Millisecond, 300*time.Millisecond))
 	keys := make([]string, 8)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("soak:%d", i)

@@ -29,14 +29,11 @@ type Stats struct {
 	// outage began: they fall due during the outage, which the degraded
 	// share covers, so they are neither spent nor given back.
 	TokensDropped int64
-	// TokensExpired counts tokens that lapsed: leased tokens of a token
-	// bucket that decayed unspent under WithStrictWindows(true) (their
-	// bucket refilled behind them, so they are not lost to the fleet),
-	// tokens dropped at Close or eviction because someone took from the
-	// bucket after their grant, tokens a store call brought for callers
-	// that had stopped waiting, and the part of a settled charge's refund
-	// the refill since the charge covered: given back, they could let
-	// the bucket refill past Burst under leases others still hold.
+	// TokensExpired counts tokens that lapsed: tokens a store call
+	// brought for callers that had stopped waiting, and the part of a
+	// settled charge's refund the refill since the charge covered (given
+	// back, it could let the bucket refill past Burst under leases
+	// others still hold).
 	TokensExpired int64
 	// TokensDebited counts tokens admitted during outages and charged to
 	// the store afterwards.

@@ -237,7 +237,7 @@ func TestCachedRefusalOnlyForLargerRequests(t *testing.T) {
 func TestPacedRetryAfterIsForN(t *testing.T) {
 	t.Parallel()
 	w := newFakeWorld()
-	l := w.limiter(t, Policy{Name: "paced-n", Limit: PerSecond(20)}, decaying) // a token every 50 ms
+	l := w.limiter(t, Policy{Name: "paced-n", Limit: PerSecond(20)}, lenient) // a token every 50 ms; no flow
 	ctx := context.Background()
 	// Drain the bucket until the key runs on paced grants.
 	eventually(t, "a pending reservation", func() bool {

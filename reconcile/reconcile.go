@@ -44,10 +44,7 @@ type Settler struct {
 // Report says what a settlement (Start or Send) did.
 type Report struct {
 	Debited, Returned int64 // tokens
-	// Lapsed counts tokens of conditional returns (remote.Request.FullAt)
-	// that the bucket did not take back: it changed since their grant.
-	Lapsed  int64
-	Batches int
+	Batches           int
 	// Dropped counts requests the store refused for good (bad input, a
 	// corrupt bucket).
 	Dropped int
@@ -101,12 +98,8 @@ func send(ctx context.Context, store remote.Store, items []Item, batchSize int, 
 			switch {
 			case r.Err == nil && op == remote.OpDebit:
 				rep.Debited += reqs[i].N
-			case r.Err == nil && reqs[i].FullAt.IsZero():
-				rep.Returned += reqs[i].N
 			case r.Err == nil:
-				// A conditional return takes back all or nothing.
-				rep.Returned += r.Granted
-				rep.Lapsed += reqs[i].N - r.Granted
+				rep.Returned += reqs[i].N
 			case remote.IsUnavailable(r.Err) || ctx.Err() != nil:
 				rep.Failed = append(rep.Failed, chunk[i])
 			default:
@@ -190,7 +183,6 @@ func (r *stepper) step() {
 	r.mu.Lock()
 	r.rep.Debited += rep.Debited
 	r.rep.Returned += rep.Returned
-	r.rep.Lapsed += rep.Lapsed
 	r.rep.Dropped += rep.Dropped
 	r.rep.Batches += rep.Batches
 	r.rep.Failed = append(r.rep.Failed, rep.Failed...)

@@ -86,29 +86,6 @@ func TestSendReportsWhatTheStoreCouldNotTake(t *testing.T) {
 	}
 }
 
-// TestSendCountsLapsedReturns: a conditional return (FullAt) that its
-// bucket takes counts as returned; one whose bucket was taken from since
-// its grant gives nothing back and counts as lapsed.
-func TestSendCountsLapsedReturns(t *testing.T) {
-	t.Parallel()
-	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
-	store := remote.NewMemory(clk)
-	req := remote.Request{Policy: "p", Key: "k", Limit: local.PerSecond(100), N: 10}
-	grant, err := store.Lease(context.Background(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	back := Item{Op: remote.OpReturn, Req: req}
-	back.Req.N, back.Req.FullAt = 4, grant.Now.Add(grant.ResetAfter)
-	if rep := Send(context.Background(), store, []Item{back}, 0); rep.Returned != 4 || rep.Lapsed != 0 {
-		t.Fatalf("a return under the last grant: %+v, want 4 returned", rep)
-	}
-	// The return changed the bucket: the same grant's time to full is gone.
-	if rep := Send(context.Background(), store, []Item{back}, 0); rep.Returned != 0 || rep.Lapsed != 4 {
-		t.Fatalf("a return under a grant since changed: %+v, want 4 lapsed", rep)
-	}
-}
-
 // TestStartIsDrivenByTheClock: Start sends nothing until the clock passes
 // the jitter, then one batch per pace, all inside Advance.
 func TestStartIsDrivenByTheClock(t *testing.T) {

@@ -203,12 +203,7 @@ func apply(st state, exists bool, op Op, r *Request, m exact.Micros, now micros)
 			st.returnHeld(r)
 			break
 		}
-		if st.unchangedSince(r, now) {
-			st.giveBack(r.N)
-			if !r.FullAt.IsZero() {
-				granted = r.N
-			}
-		}
+		st.giveBack(r.N)
 	case OpDebit:
 		c := st.charge(r)
 		st.level = max(st.level-c, -maxDebt)
@@ -374,17 +369,6 @@ func (st *state) resetAfter(now micros) int64 {
 		maxExp = max(maxExp, g.exp)
 	}
 	return st.waitFor(st.level, st.burst) + maxExp.since(now)
-}
-
-// unchangedSince reports whether a return r may give back: always without
-// FullAt; with it, only to a bucket without capacity grants whose time to
-// full is still FullAt, that is which nothing but refill changed since the
-// grant r's tokens came from (a bucket gone full has no room either way).
-func (st *state) unchangedSince(r *Request, now micros) bool {
-	if r.FullAt.IsZero() {
-		return true
-	}
-	return len(st.grants) == 0 && int64(now)+st.waitFor(st.level, st.burst) == r.FullAt.UnixMicro()
 }
 
 // giveBack adds n to the level, up to the cap the grants leave.

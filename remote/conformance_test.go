@@ -403,8 +403,6 @@ func TestBadInputSameEverywhere(t *testing.T) {
 		{"invalid also", OpLease, Request{Policy: "p", Key: "k", Limit: lim, Also: []local.Limit{{Rate: 1}}, N: 1}, local.ErrInvalidLimit},
 		{"n over the tightest limit", OpLease, Request{Policy: "p", Key: "k", Limit: lim, Also: []local.Limit{local.PerMinute(5)}, N: 6}, local.ErrExceedsBurst},
 		{"too many limits", OpLease, Request{Policy: "p", Key: "k", Limit: lim, Also: make9(lim), N: 1}, ErrInvalidPolicy},
-		{"full-at on a lease", OpLease, Request{Policy: "p", Key: "k", Limit: lim, N: 1, FullAt: time.Unix(1, 0)}, ErrInvalidPolicy},
-		{"full-at on a shaped return", OpReturn, Request{Policy: "p", Key: "k", Limit: lim, Window: true, N: 1, FullAt: time.Unix(1, 0)}, ErrInvalidPolicy},
 		{"tier with a colon", OpLease, Request{Policy: "p", Tier: "a:b", Key: "k", Limit: lim, N: 1}, ErrInvalidPolicy},
 	}
 	for _, be := range backends(t) {

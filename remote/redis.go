@@ -429,7 +429,7 @@ func (c *argCache) limit(m exact.Micros, maxDelay int64) *[4]any {
 type bucketCall struct {
 	scriptCall
 	keyRoom [2]string
-	cmdRoom [5 + 20]any // the head, 11 arguments (16 for a grant), 8 more for a debit with a mark, 9 for a return with FullAt
+	cmdRoom [5 + 20]any // the head, 11 arguments (16 for a grant), 8 more for a debit with a mark
 }
 
 // newBucketCall returns a call of the bucket script on r's bucket and
@@ -473,10 +473,6 @@ func (c *argCache) scriptArgs(op Op, r *Request) (*scriptCall, error) {
 				release = 1
 			}
 			call.cmd = append(call.cmd, h[0], release, h[1], st.maxRecords(), 0, 0, 0, 0, 0, st.Keep, st.Seq, st.Spend)
-		}
-		if op == OpReturn && !r.FullAt.IsZero() {
-			// Arguments 12–19 are unused by a return.
-			call.cmd = append(call.cmd, "", 0, 0, 0, 0, 0, 0, 0, r.FullAt.UnixMicro())
 		}
 		return &call.scriptCall, nil
 	}

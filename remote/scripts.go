@@ -41,10 +41,7 @@ const luaPrelude = lua.Prelude
 // ARGV[17] spent: every token admitted without the store since the mark (debit)
 // ARGV[18] mark born, ARGV[19] mark spill: the caller's Result.Mark
 // (debit; absent or born 0: charge n)
-// ARGV[20] fullat: µs of Redis TIME the bucket is full at as the caller's
-// grant left it (return; absent or 0: give back unconditionally). A return
-// with it gives back only to a bucket without grants whose time to full
-// is still fullat, and replies with the tokens it took back as granted.
+// ARGV[20] unused
 // ARGV[21] keep: tokens the holder still holds of its record and goes on
 // spending (lease with a holder)
 // ARGV[22] seq: the holder's call number, rising with each call (lease);
@@ -193,12 +190,8 @@ if (op == 'lease' or op == 'return') and not graw and (ARGV[12] or '') == '' and
     end
     local granted, delay, retry = 0, 0, 0
     if op == 'return' then
-      local fullat = tonumber(ARGV[20] or '0')
-      if fullat == 0 or now + wait(level, burst) == fullat then
-        level = level + n
-        if level >= burst then level = burst; carry = 0 end
-        if fullat ~= 0 then granted = n end
-      end
+      level = level + n
+      if level >= burst then level = burst; carry = 0 end
     else
       if level >= n then granted = n
       elseif level >= minn then granted = level
@@ -229,7 +222,6 @@ local gburst = tonumber(ARGV[16] or '0')
 local spent = tonumber(ARGV[17] or '0')
 local markborn = tonumber(ARGV[18] or '0')
 local markspill = tonumber(ARGV[19] or '0')
-local fullat = tonumber(ARGV[20] or '0')
 local keep = tonumber(ARGV[21] or '0')
 local seq = tonumber(ARGV[22] or '0')
 local spend = tonumber(ARGV[23] or '0')
@@ -464,12 +456,9 @@ elseif op == 'return' and holder ~= '' then
   s.level = s.level + n
   clamp()
 elseif op == 'return' then
-  if fullat == 0 or (#grants == 0 and now + waitfor(s.level, s.burst) == fullat) then
-    local _, B = gsum()
-    s.level = s.level + n
-    if s.level >= s.burst - B then s.level = s.burst - B; s.carry = 0; gfrac = 0 end
-    if fullat ~= 0 then granted = n end
-  end
+  local _, B = gsum()
+  s.level = s.level + n
+  if s.level >= s.burst - B then s.level = s.burst - B; s.carry = 0; gfrac = 0 end
 elseif op == 'debit' then
   local charge = n
   if markborn ~= 0 and markborn == s.born and spent > 0 then

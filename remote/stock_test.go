@@ -162,7 +162,6 @@ func TestStockBadInput(t *testing.T) {
 		}{
 			{"debit", OpDebit, func(*Request) {}},
 			{"sliding window", OpLease, func(r *Request) { r.Window = true }},
-			{"full-at return", OpReturn, func(r *Request) { r.FullAt = time.Unix(1, 0) }},
 			{"bad holder", OpLease, func(r *Request) { r.Stock.Holder = "a b" }},
 			{"negative keep", OpLease, func(r *Request) { r.Stock.Keep = -1 }},
 			{"keep above burst", OpLease, func(r *Request) { r.Stock.Keep = 11 }},

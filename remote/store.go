@@ -130,20 +130,6 @@ type Request struct {
 	// from: they leave the sub-window of Since plus Hold. The zero value
 	// gives nothing back to windows (their tokens lapse on their own).
 	Since time.Time
-	// FullAt makes a Return to a plain token bucket conditional: the
-	// tokens go back only while the bucket is as the caller's grant left
-	// it but for refill, which its time to full tells (the grant's
-	// Result.Now plus its ResetAfter, to the microsecond). Otherwise
-	// nothing goes back and Result.Granted is 0. Tokens whose lease
-	// decays as the bucket refills (hybrid's every-window bound) may go
-	// back only to a bucket nobody took from since: a later grant holds
-	// its tokens while the bucket refills to the level it found, and a
-	// return under it would refill the bucket early. The time is kept to
-	// the microsecond: on a bucket that refills more than a token a
-	// microsecond, a take of fewer tokens than a microsecond's refill can
-	// go unseen. The zero value gives back unconditionally; shaped buckets
-	// take no FullAt.
-	FullAt time.Time
 	// Spent is, for a Debit of a plain token bucket, every token the
 	// caller admitted without the store since Mark. When Mark names the
 	// bucket (its Born), the bucket charges Spent less the refill it lost
@@ -166,8 +152,7 @@ type Request struct {
 
 // Result is the bucket's answer.
 type Result struct {
-	// Granted is how many tokens the lease gave, or a Return with FullAt
-	// took back; 0 otherwise.
+	// Granted is how many tokens the lease gave; 0 otherwise.
 	Granted int64
 	// Delay is how long after the call Granted tokens become spendable;
 	// 0 unless the lease was future-dated.
@@ -348,9 +333,6 @@ func validate(op Op, r *Request) (exact.Micros, error) {
 	if err := validateStock(op, r, m); err != nil {
 		return exact.Micros{}, err
 	}
-	if !r.FullAt.IsZero() && (op != OpReturn || r.shaped()) {
-		return exact.Micros{}, errs.Errorf("remote", "%s on %q: full-at is for a return to a plain token bucket: %w", op, r.Key, ErrInvalidPolicy)
-	}
 	return m, nil
 }
 
@@ -393,7 +375,7 @@ func validateStock(op Op, r *Request, m exact.Micros) error {
 	if st.Holder == "" {
 		return nil
 	}
-	if op == OpDebit || r.shaped() || !r.FullAt.IsZero() || st.Release && op != OpReturn {
+	if op == OpDebit || r.shaped() || st.Release && op != OpReturn {
 		return errs.Errorf("remote", "%s on %q: a stock record is for a lease or return of a plain token bucket: %w", op, r.Key, ErrInvalidGrant)
 	}
 	if err := validateHolder(st.Holder); err != nil {

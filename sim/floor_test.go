@@ -41,23 +41,18 @@ func TestLeaseFloorCounting(t *testing.T) {
 
 // TestCallsByKind: the breakdown under each table counts every store call
 // once, and says which lease calls were on keys at their limit: nearly
-// all of them on a key asked twice its limit, few on one asked a tenth,
-// with decaying leases and with stock and flow (the default). Under the
-// default a key at its limit holds flow, and its few lease calls include
-// the stock of its first 100 ms, from a bucket still full (12% of them).
+// all of them on a key asked twice its limit, few on one asked a tenth.
+// A key at its limit holds flow, and its few lease calls include the
+// stock of its first 100 ms, from a bucket still full (12% of them).
 func TestCallsByKind(t *testing.T) {
-	decaying := true
 	for _, tc := range []struct {
 		name       string
 		rateFactor int64 // the policy's rate and burst times this
-		strict     *bool
 		atLimit    func(share float64) bool
 		want       string
 	}{
-		{"at twice the limit", 1, nil, func(s float64) bool { return s >= 0.85 }, "at least 85%"},
-		{"at a tenth of the limit", 20, nil, func(s float64) bool { return s <= 0.1 }, "at most 10%"},
-		{"at twice the limit, decaying", 1, &decaying, func(s float64) bool { return s >= 0.9 }, "at least 90%"},
-		{"at a tenth of the limit, decaying", 20, &decaying, func(s float64) bool { return s <= 0.1 }, "at most 10%"},
+		{"at twice the limit", 1, func(s float64) bool { return s >= 0.85 }, "at least 85%"},
+		{"at a tenth of the limit", 20, func(s float64) bool { return s <= 0.1 }, "at most 10%"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// A fresh copy: shorten scales the traffic's slices in place.
@@ -66,7 +61,6 @@ func TestCallsByKind(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := *suite[0]
-			s.Limiter.StrictWindows = tc.strict
 			s.Policy.Rate *= tc.rateFactor
 			s.Policy.Burst *= tc.rateFactor
 			shorten(&s, 10, 20, 1000) // all 20 processes: 4 000/s asked

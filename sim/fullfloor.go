@@ -31,9 +31,7 @@ import (
 // A limiter that takes tokens it never admits (a lease that lapses
 // unspent) can keep a bucket from filling and go under this floor, at the
 // price of those tokens: on a key near its limit they are admissions lost.
-// Leases that keep their tokens (WithStrictWindows(false)) do not keep
-// the bound in every window, so the floor does not bind them. It is
-// counted for a single token bucket only (no shaped policy, no regions).
+// It is counted for a single token bucket only (no shaped policy, no regions).
 type fullFloor struct {
 	keys map[string]*idealBucket
 }

@@ -41,7 +41,6 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	seed := fl.Uint64("seed", 0, "random seed (0: each scenario's own)")
 	out := fl.String("out", "sim-out", "directory for plots")
 	list := fl.Bool("list", false, "list the default suite and exit")
-	strict := fl.Bool("strict-windows", false, "hybrid.WithStrictWindows for every scenario, overriding a scenario's strict_windows: false (the library's default) counts leases as stock at the store and lets keys at their limit hold flow, true keeps the bound with decaying leases instead (see docs/how-it-works.md)")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
@@ -50,7 +49,6 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sim:", err)
 		return 2
 	}
-	overrideStrict(fl, strict, suite)
 	if *list {
 		for _, s := range suite {
 			fmt.Fprintf(stdout, "%-22s %4.0f s  %4d processes  %s\n", s.Name, s.DurationS, s.Processes, s.Description)
@@ -157,15 +155,3 @@ func progressLine(w io.Writer, name string) func(done, total time.Duration) {
 	}
 }
 
-// overrideStrict sets every scenario's strict_windows to -strict-windows
-// when the flag was given, either way; otherwise each keeps its own (unset:
-// the library's default).
-func overrideStrict(fl *flag.FlagSet, strict *bool, suite []*Scenario) {
-	fl.Visit(func(f *flag.Flag) {
-		if f.Name == "strict-windows" {
-			for _, s := range suite {
-				s.Limiter.StrictWindows = strict
-			}
-		}
-	})
-}

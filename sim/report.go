@@ -67,9 +67,6 @@ type recorder struct {
 	// calls of them on keys at their limit (see leaseAnswered).
 	calls         [numCallKinds]int64
 	leasesAtLimit int64
-	// decaying says the run's token-bucket leases decay (see
-	// Scenario.decaying).
-	decaying bool
 
 	// seen is when each process last decided on each key: a decision on a
 	// key its process had not decided for Burst/Rate is at the idle floor.
@@ -134,7 +131,7 @@ type auditSpan struct {
 }
 
 func newRecorder(sc *Scenario, w *world) *recorder {
-	r := &recorder{sc: sc, w: w, recoveredAt: -1, policyChange: -1, seen: map[procKey]time.Duration{}, spare: map[procKey]spareTokens{}, decaying: sc.decaying()}
+	r := &recorder{sc: sc, w: w, recoveredAt: -1, policyChange: -1, seen: map[procKey]time.Duration{}, spare: map[procKey]spareTokens{}}
 	keys := map[string]bool{}
 	for _, t := range sc.Traffic {
 		for k := 0; k < t.Keys; k++ {
@@ -309,12 +306,10 @@ func kindOf(op remote.Op) callKind {
 }
 
 // leaseAnswered counts a lease call for r answered with res on a key at
-// its limit: refused or future-dated, or, for leases that keep their
-// tokens, leaving the bucket less than a tenth of Burst (their largest
-// lease). A decaying lease may take the bucket's whole level from a key
-// far below its limit, so what it leaves tells nothing.
+// its limit: refused or future-dated, or leaving the bucket less than a
+// tenth of Burst (the largest lease below the limit).
 func (r *recorder) leaseAnswered(req *remote.Request, res *remote.Result) {
-	if res.Granted == 0 || res.Delay > 0 || (!r.decaying && res.Remaining < max(req.Limit.Burst/10, 1)) {
+	if res.Granted == 0 || res.Delay > 0 || res.Remaining < max(req.Limit.Burst/10, 1) {
 		r.leasesAtLimit++
 	}
 }
@@ -501,8 +496,8 @@ const tableLegend = `servable: each key's offered demand capped at its exact bou
 utilization = admitted / servable; over-admission = admissions beyond each key's own bound, as a share of the bounds;
 wait: virtual time a decision waited for the store (0 when a lease or a cached refusal answered it);
 idle floor: decisions on a key its process had not decided for Burst/Rate, which need a store call whatever the limiter;
-10% lease floor: the fewest calls for the same admissions from leases by a limiter whose lease holds at most 10% of Burst, as WithStrictWindows(false)'s does, for 1.5 lease TTLs;
-by kind: a batch is one call; a lease on a key at its limit was refused or future-dated, or, for leases that keep their tokens, left the bucket less than 10% of Burst.`
+10% lease floor: the fewest calls for the same admissions from leases by a limiter whose lease holds at most 10% of Burst, as a stock lease below the limit does, for 1.5 lease TTLs;
+by kind: a batch is one call; a lease on a key at its limit was refused or future-dated, or left the bucket less than 10% of Burst.`
 
 // verdict checks the targets; it returns the misses.
 func (r *recorder) verdict() []string {

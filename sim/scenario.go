@@ -131,15 +131,6 @@ func (p PolicySpec) window() bool { return p.Algorithm == "sliding-window" }
 
 // shaped reports whether the run audits every window of every limit: a
 // sliding window, several limits, or tiers.
-// decaying says whether the scenario's token-bucket leases decay
-// (hybrid.WithStrictWindows, off unless strict_windows is true): not over
-// a region's store, nor for a sliding window or several limits, whose
-// leases keep their tokens.
-func (s *Scenario) decaying() bool {
-	on := s.Limiter.StrictWindows != nil && *s.Limiter.StrictWindows
-	return on && len(s.Regions) == 0 && !s.Policy.window() && len(s.Policy.Also) == 0
-}
-
 func (p PolicySpec) shaped() bool { return p.window() || len(p.Also) > 0 || len(p.Tiers) > 0 }
 
 // LimiterSpec holds hybrid options; zero means the library default.
@@ -150,11 +141,8 @@ type LimiterSpec struct {
 	FleetSize      int     `json:"fleet_size"`  // 0: heartbeats
 	MaxKeys        int     `json:"max_keys"`
 	// CapacityLeaseS is the term of capacity leases in seconds (0: the
-	// library's default, 15 s, or none under strict_windows).
+	// library's default, 15 s; negative: none).
 	CapacityLeaseS float64 `json:"capacity_lease_s"`
-	// StrictWindows is hybrid.WithStrictWindows; unset, the library's
-	// default (off). -strict-windows given on the command line overrides it.
-	StrictWindows *bool `json:"strict_windows"`
 }
 
 // LatencySpec is a uniform latency distribution in milliseconds.

@@ -175,11 +175,8 @@ func (w *world) options(c clock.Clock) []hybrid.Option {
 	if l.MaxKeys > 0 {
 		opts = append(opts, hybrid.WithMaxKeys(l.MaxKeys))
 	}
-	if l.CapacityLeaseS > 0 {
-		opts = append(opts, hybrid.WithCapacityLeases(sec(l.CapacityLeaseS)))
-	}
-	if l.StrictWindows != nil {
-		opts = append(opts, hybrid.WithStrictWindows(*l.StrictWindows))
+	if l.CapacityLeaseS != 0 {
+		opts = append(opts, hybrid.WithCapacityLeases(sec(max(l.CapacityLeaseS, 0))))
 	}
 	switch l.OutageMode {
 	case "fail-open":
@@ -469,7 +466,7 @@ type faultStore struct {
 }
 
 // Unwrap returns the store behind the faults, through which hybrid.New
-// finds a tiered world's store (see hybrid.WithStrictWindows).
+// finds a tiered world's store (its leases are plain, not stock).
 func (f *faultStore) Unwrap() remote.Store { return f.next }
 
 var errTimeout = fmt.Errorf("sim: %w: %w", remote.ErrUnavailable, context.DeadlineExceeded)

@@ -46,10 +46,7 @@ func TestCommands(t *testing.T) {
 			// slowness).
 			lim, err := hybrid.New(remote.NewRedis(c), hybrid.Policy{Name: name, Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 10}},
 				hybrid.WithLogger(slog.New(slog.DiscardHandler)), hybrid.WithHeartbeat(50*time.Millisecond, time.Second),
-				hybrid.WithStoreTimeout(10*time.Second),
-				// No stock record: the bucket's level is then 10 less the
-				// 3 decided (a record would count its lease's spare too).
-				hybrid.WithStrictWindows(true))
+				hybrid.WithStoreTimeout(10*time.Second))
 			if err != nil {
 				t.Fatal(err)
 			}

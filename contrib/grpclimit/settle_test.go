@@ -33,7 +33,7 @@ func TestActualCost(t *testing.T) {
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
 	store := remote.NewMemory(clk)
 	p := hybrid.Policy{Name: "grpc-cost", Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 100}, Version: 1}
-	lim, err := hybrid.New(store, p, hybrid.WithClock(clk), hybrid.WithLogger(slog.New(slog.DiscardHandler)), hybrid.WithStrictWindows(false))
+	lim, err := hybrid.New(store, p, hybrid.WithClock(clk), hybrid.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}

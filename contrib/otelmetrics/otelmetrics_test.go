@@ -21,8 +21,7 @@ import (
 func TestRegisterOnKnownTraffic(t *testing.T) {
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
 	l, err := hybrid.New(remote.NewMemory(clk), hybrid.Policy{Name: "api", Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 3}},
-		hybrid.WithClock(clk), hybrid.WithFleetSize(2), hybrid.WithMaxReservation(0), hybrid.WithLogger(slog.New(slog.DiscardHandler)),
-		hybrid.WithStrictWindows(false)) // stock leases, sized by demand and the fleet: the known traffic below
+		hybrid.WithClock(clk), hybrid.WithFleetSize(2), hybrid.WithMaxReservation(0), hybrid.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,8 +18,7 @@ func limiter(t testing.TB, lim hybrid.Limit) *hybrid.Limiter {
 	t.Helper()
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
 	l, err := hybrid.New(remote.NewMemory(clk), hybrid.Policy{Name: "api", Limit: lim},
-		hybrid.WithClock(clk), hybrid.WithFleetSize(2), hybrid.WithMaxReservation(0), hybrid.WithLogger(slog.New(slog.DiscardHandler)),
-		hybrid.WithStrictWindows(false)) // stock leases, sized by demand and the fleet: the known traffic below
+		hybrid.WithClock(clk), hybrid.WithFleetSize(2), hybrid.WithMaxReservation(0), hybrid.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package httplimit
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -46,58 +45,52 @@ func TestActualCost(t *testing.T) {
 		{name: "the handler settles itself", actual: fromHeader, header: "90", status: 200, settle: 25, wantLvl: 75},
 		{name: "server errors are free", actual: serverErrorsFree, header: "60", status: 503, wantLvl: 100},
 	} {
-		for _, strict := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s/strict=%v", tc.name, strict), func(t *testing.T) {
-				clk := clock.NewManual(time.Unix(1_700_000_000, 0))
-				store := remote.NewMemory(clk)
-				p := hybrid.Policy{Name: "cost", Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 100}, Version: 1}
-				lim, err := hybrid.New(store, p, hybrid.WithClock(clk), hybrid.WithLogger(slog.New(slog.DiscardHandler)), hybrid.WithStrictWindows(strict))
-				if err != nil {
-					t.Fatal(err)
-				}
-				h := Middleware(lim, ByHeader("X-Tenant"), WithCost(func(*http.Request) int64 { return 10 }),
-					WithActualCost(tc.actual))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					if tc.settle > 0 {
-						if err := hybrid.ChargeFromContext(r.Context()).Settle(tc.settle); err != nil {
-							t.Error(err)
-						}
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+			store := remote.NewMemory(clk)
+			p := hybrid.Policy{Name: "cost", Limit: hybrid.Limit{Rate: 1, Period: time.Hour, Burst: 100}, Version: 1}
+			lim, err := hybrid.New(store, p, hybrid.WithClock(clk), hybrid.WithLogger(slog.New(slog.DiscardHandler)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := Middleware(lim, ByHeader("X-Tenant"), WithCost(func(*http.Request) int64 { return 10 }),
+				WithActualCost(tc.actual))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tc.settle > 0 {
+					if err := hybrid.ChargeFromContext(r.Context()).Settle(tc.settle); err != nil {
+						t.Error(err)
 					}
-					if tc.header != "" {
-						w.Header().Set("X-Cost", tc.header)
-					}
-					w.WriteHeader(tc.status)
-					_, _ = w.Write([]byte("done"))
-					f, ok := w.(http.Flusher) // a streamed response still flushes
-					if !ok {
-						t.Fatal("the handler's writer is no http.Flusher")
-					}
-					f.Flush()
-				}))
-				r := httptest.NewRequest(http.MethodPost, "/v1/chat", nil)
-				r.Header.Set("X-Tenant", "acme")
-				w := httptest.NewRecorder()
-				h.ServeHTTP(w, r)
-				if w.Code != tc.status || !w.Flushed {
-					t.Fatalf("status %d, flushed %v; want %d, flushed", w.Code, w.Flushed, tc.status)
 				}
-				// Close settles what is queued and gives the lease back.
-				if err := lim.Close(context.Background()); err != nil {
-					t.Fatal(err)
+				if tc.header != "" {
+					w.Header().Set("X-Cost", tc.header)
 				}
-				res, err := store.Lease(context.Background(), remote.Request{Prefix: remote.DefaultPrefix, Policy: p.Name, Key: "acme",
-					Limit: p.Limit, Version: 1, N: 100, Min: 1, Need: 1})
-				if err != nil {
-					t.Fatal(err)
+				w.WriteHeader(tc.status)
+				_, _ = w.Write([]byte("done"))
+				f, ok := w.(http.Flusher) // a streamed response still flushes
+				if !ok {
+					t.Fatal("the handler's writer is no http.Flusher")
 				}
-				want := tc.wantLvl
-				if strict {
-					want = min(want, 90) // a refund lapses at Close
-				}
-				if res.Granted != want {
-					t.Fatalf("the bucket holds %d after the request, want %d", res.Granted, want)
-				}
-			})
-		}
+				f.Flush()
+			}))
+			r := httptest.NewRequest(http.MethodPost, "/v1/chat", nil)
+			r.Header.Set("X-Tenant", "acme")
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			if w.Code != tc.status || !w.Flushed {
+				t.Fatalf("status %d, flushed %v; want %d, flushed", w.Code, w.Flushed, tc.status)
+			}
+			// Close settles what is queued and gives the lease back.
+			if err := lim.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			res, err := store.Lease(context.Background(), remote.Request{Prefix: remote.DefaultPrefix, Policy: p.Name, Key: "acme",
+				Limit: p.Limit, Version: 1, N: 100, Min: 1, Need: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Granted != tc.wantLvl {
+				t.Fatalf("the bucket holds %d after the request, want %d", res.Granted, tc.wantLvl)
+			}
+		})
 	}
 }
 

@@ -625,18 +625,12 @@ func (t *Store) returnToParent(ctx context.Context, r remote.Request, key string
 	t.givenBack.Add(n)
 }
 
-// Return implements Store: tokens go back to the region's pool (but a
-// return with FullAt's, see remote.Request.FullAt). A window's
+// Return implements Store: tokens go back to the region's pool. A window's
 // go back only into the batch they came from (Request.Since no earlier than
 // its deposit), while it has not lapsed; otherwise they lapse.
 func (t *Store) Return(ctx context.Context, r remote.Request) (remote.Result, error) {
 	if err := r.Validate(remote.OpReturn); err != nil {
 		return remote.Result{}, err
-	}
-	if !r.FullAt.IsZero() {
-		// A pool cannot tell whether the parent's bucket changed since
-		// the grant: a conditional return gives nothing back (Granted 0).
-		return remote.Result{Now: t.cfg.clk.Now(), Version: r.Version}, nil
 	}
 	give := poolGive{N: r.N}
 	if r.Window {
