@@ -108,7 +108,7 @@ type grantState struct {
 	// until then, its next ask (see grantWait).
 	waitUntil atomicMono
 	hotFrom   atomicMono   // 1 + when demand rose above the threshold; 0: below
-	timer     clock.Timer  // the next renewal; under entry.mu
+	timer     clock.Timer  // the next renewal; under account.mu
 	nextAt    atomicMono   // when the next renewal is due
 	answers   atomic.Int32 // grant calls answered since the key began asking
 	admitted  grantCount   // by the grants replaced
@@ -122,7 +122,7 @@ type grantState struct {
 // grant call is in flight (sent within d of now; the grant brings tokens,
 // see capacity.install), and while a young key kept waiting with no share
 // waits for its next ask. 0 when it does not wait.
-func (e *entry) grantWait(now mono, d time.Duration) mono {
+func (e *account) grantWait(now mono, d time.Duration) mono {
 	r := e.rare.Load()
 	if r == nil {
 		return 0
@@ -141,7 +141,7 @@ func (e *entry) grantWait(now mono, d time.Duration) mono {
 }
 
 // held returns e's live grant, or nil.
-func (e *entry) held() *holding {
+func (e *account) held() *holding {
 	if r := e.rare.Load(); r != nil {
 		return r.grant.held.Load()
 	}
@@ -151,7 +151,7 @@ func (e *entry) held() *holding {
 // grantMode reports whether e holds or asks for a grant: its leases are
 // then not future-dated, as no share may rise while future-dated tokens
 // are out (they were timed at the rate the grants left before).
-func (e *entry) grantMode() bool {
+func (e *account) grantMode() bool {
 	r := e.rare.Load()
 	return r != nil && (r.grant.held.Load() != nil || r.grant.hotFrom.Load() != 0)
 }
@@ -165,7 +165,7 @@ func (c *capacity) enabled(p *policyState) bool {
 // and starts a grant request once the demand has held for grantDemandFor
 // above what makes a grant worth it: an even part of the rate among the
 // most holders a bucket keeps.
-func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
+func (c *capacity) consider(e *account, p *policyState, rate float64, now mono) {
 	if !c.enabled(p) {
 		return
 	}
@@ -230,7 +230,7 @@ func (c *capacity) consider(e *entry, p *policyState, rate float64, now mono) {
 // a key's demand asks for flow, and a holder cut off past its term decided
 // by its share for the whole hold on top of the others' flow (+1 622 over
 // Burst + Rate·t, TestCapacityLeasesLongPartition).
-func (c *capacity) resume(e *entry, p *policyState, now mono) {
+func (c *capacity) resume(e *account, p *policyState, now mono) {
 	r := e.rare.Load()
 	if r == nil || r.grant.hotFrom.Load() == 0 || e.held() != nil || !c.enabled(p) {
 		return
@@ -240,7 +240,7 @@ func (c *capacity) resume(e *entry, p *policyState, now mono) {
 
 // leased starts the grant call consider asked for beside a lease call on
 // e, now that the lease call has landed (or was not made).
-func (c *capacity) leased(e *entry) {
+func (c *capacity) leased(e *account) {
 	if r := e.rare.Load(); r != nil && r.grant.afterLease.Swap(false) {
 		c.askIfDue(e, &r.grant, c.cfg.now())
 	}
@@ -248,7 +248,7 @@ func (c *capacity) leased(e *entry) {
 
 // askIfDue starts e's grant call unless one is in flight or the next is
 // not due yet.
-func (c *capacity) askIfDue(e *entry, g *grantState, now mono) {
+func (c *capacity) askIfDue(e *account, g *grantState, now mono) {
 	if !g.asking.Load() && now >= g.nextAt.Load() {
 		c.askAsync(e, 0)
 	}
@@ -258,7 +258,7 @@ func (c *capacity) askIfDue(e *entry, g *grantState, now mono) {
 // others hold the rate, so e asks for its part at once, whatever demand
 // it has measured yet (a refusal's wait may be long, the grants' rates
 // come back only at their renewals).
-func (c *capacity) refused(e *entry, p *policyState, holders int, now mono) {
+func (c *capacity) refused(e *account, p *policyState, holders int, now mono) {
 	if holders == 0 || !c.enabled(p) || e.held() != nil {
 		return
 	}
@@ -322,7 +322,7 @@ const stockFlowMinBurst = 8
 
 // flowDemand is e's sustained demand and an even part of lim's rate in
 // the fleet, in tokens a second.
-func (c *capacity) flowDemand(e *entry, lim Limit) (mean, even float64) {
+func (c *capacity) flowDemand(e *account, lim Limit) (mean, even float64) {
 	e.mu.Lock()
 	mean = float64(e.demand.mean)
 	e.mu.Unlock()
@@ -334,7 +334,7 @@ func (c *capacity) flowDemand(e *entry, lim Limit) (mean, even float64) {
 // starve the limiter's timers of CPU (measured: 50 ms re-asks fired after
 // 150–300 ms with 64 goroutines spinning on 2 cores), and a fleet settles
 // its shares only as fast as its re-asks.
-func (c *capacity) overdue(e *entry, now mono) {
+func (c *capacity) overdue(e *account, now mono) {
 	r := e.rare.Load()
 	if r == nil {
 		return
@@ -355,7 +355,7 @@ func (c *capacity) overdue(e *entry, now mono) {
 const overdueBy = 20 * time.Millisecond
 
 // askAsync asks for (or renews) e's grant after d, one call at a time.
-func (c *capacity) askAsync(e *entry, d time.Duration) {
+func (c *capacity) askAsync(e *account, d time.Duration) {
 	g := &e.extra().grant
 	if d <= 0 {
 		c.askNow(e, c.cfg.refillTimeout)
@@ -376,7 +376,7 @@ func (c *capacity) askAsync(e *entry, d time.Duration) {
 }
 
 // request builds e's grant request under p with the demand it measured.
-func (c *capacity) request(e *entry, p *policyState, cur *holding) remote.GrantRequest {
+func (c *capacity) request(e *account, p *policyState, cur *holding) remote.GrantRequest {
 	t := p.tier(e)
 	lim := t.limits[0]
 	e.mu.Lock()
@@ -424,18 +424,18 @@ func (c *capacity) request(e *entry, p *policyState, cur *holding) remote.GrantR
 // ask makes one grant call for e and installs what it gets; it schedules
 // the next renewal, or, once the key's demand has gone, gives the grant
 // back.
-func (c *capacity) ask(e *entry) { c.askWithin(e, c.cfg.refillTimeout) }
+func (c *capacity) ask(e *account) { c.askWithin(e, c.cfg.refillTimeout) }
 
 // probe renews e's grant now, with a deadline past the breaker's latency
 // threshold: on a store that answers nothing (killed, hung) the call is
 // still in flight when the threshold passes, and the breaker opens on
 // that (breaker.Store.State) rather than after three failed calls, each
 // cut at the refill timeout.
-func (c *capacity) probe(e *entry) { c.askNow(e, 2*c.cfg.refillTimeout) }
+func (c *capacity) probe(e *account) { c.askNow(e, 2*c.cfg.refillTimeout) }
 
 // askNow starts e's grant call with a deadline of timeout, unless one is
 // in flight.
-func (c *capacity) askNow(e *entry, timeout time.Duration) {
+func (c *capacity) askNow(e *account, timeout time.Duration) {
 	g := &e.extra().grant
 	if !g.asking.CompareAndSwap(false, true) {
 		return
@@ -447,16 +447,14 @@ func (c *capacity) askNow(e *entry, timeout time.Duration) {
 }
 
 // askWithin is ask with the call's deadline.
-func (c *capacity) askWithin(e *entry, timeout time.Duration) {
+func (c *capacity) askWithin(e *account, timeout time.Duration) {
 	p := c.policy.load()
 	cur := e.held()
 	g := &e.extra().grant
 	if cur != nil {
 		// A holder leases nothing: its demand is what the grant admitted
 		// and refused.
-		e.mu.Lock()
-		rate := e.demand.observe(c.cfg.now(), e.demandCount())
-		e.mu.Unlock()
+		rate, _, _ := e.observe(c.cfg.now())
 		c.consider(e, p, rate, c.cfg.now())
 	}
 	if !c.enabled(p) || g.hotFrom.Load() == 0 {
@@ -515,7 +513,7 @@ func (c *capacity) askWithin(e *entry, timeout time.Duration) {
 // whose first call ends the old version's grants at the store. The old
 // grant's unspent tokens are dropped, not carried: they were counted
 // under the old limit.
-func (c *capacity) adopted(e *entry, next *policyState) {
+func (c *capacity) adopted(e *account, next *policyState) {
 	r := e.rare.Load()
 	if r == nil {
 		return
@@ -542,7 +540,7 @@ func (c *capacity) newborn() bool {
 }
 
 // next schedules e's next grant call after answer gr to req.
-func (c *capacity) next(e *entry, req remote.GrantRequest, gr remote.Grant) {
+func (c *capacity) next(e *account, req remote.GrantRequest, gr remote.Grant) {
 	// A young holder above an even part (among the bucket's holders, or
 	// the fleet if more) may hold what others wait for: it asks again
 	// soon, so the store can divide by everyone's wants. So does one
@@ -684,7 +682,7 @@ const confirmAfter = 5 * time.Millisecond
 // (drained, so no decision spends them twice) and the new grant's first
 // tokens go into a GCRA at the new rate. It reports false when the policy
 // is no longer p (the grant is dropped).
-func (c *capacity) install(e *entry, p *policyState, cur *holding, g remote.Grant, sent mono) bool {
+func (c *capacity) install(e *account, p *policyState, cur *holding, g remote.Grant, sent mono) bool {
 	lim := p.tier(e).limits[0]
 	now := c.cfg.now()
 	var carried int64
@@ -733,7 +731,7 @@ func (g *grantState) replace(h *holding) *holding {
 // release gives e's grant back at once (Close, eviction, policy or tier
 // change, demand gone): the unspent tokens of its burst go back and its
 // rate is the bucket's again from now.
-func (c *capacity) release(ctx context.Context, e *entry, p *policyState) {
+func (c *capacity) release(ctx context.Context, e *account, p *policyState) {
 	r := e.rare.Load()
 	if r == nil {
 		return
@@ -762,7 +760,7 @@ func (c *capacity) release(ctx context.Context, e *entry, p *policyState) {
 }
 
 // stopTimers stops e's pending renewal (release, Close).
-func (c *capacity) stopTimers(e *entry) {
+func (c *capacity) stopTimers(e *account) {
 	r := e.rare.Load()
 	if r == nil {
 		return
@@ -787,13 +785,13 @@ func (c *capacity) fleetSize() int {
 // flowing reports whether e holds a grant it may still spend at now: one
 // past its end is no flow (a refill skipped for it kept the breaker's
 // probe from ever running after a partition longer than the term).
-func (e *entry) flowing(now mono) bool {
+func (e *account) flowing(now mono) bool {
 	h := e.held()
 	return h != nil && now < h.until
 }
 
 // granted is what e's grants admitted, the live one's included.
-func (e *entry) granted() (decisions, tokens int64) {
+func (e *account) granted() (decisions, tokens int64) {
 	r := e.rare.Load()
 	if r == nil {
 		return 0, 0
@@ -807,7 +805,7 @@ func (e *entry) granted() (decisions, tokens int64) {
 }
 
 // grantAdmits is how many decisions e's grants admitted.
-func (e *entry) grantAdmits() int64 {
+func (e *account) grantAdmits() int64 {
 	d, _ := e.granted()
 	return d
 }

@@ -252,7 +252,7 @@ func TestCapacityLeasesPartition(t *testing.T) {
 func grantedShare(lims []*Limiter) float64 {
 	var units int64
 	for _, l := range lims {
-		l.keys.each(func(e *entry) {
+		l.keys.each(func(e *account) {
 			if h := e.held(); h != nil {
 				units += h.share
 			}

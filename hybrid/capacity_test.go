@@ -109,7 +109,7 @@ func TestFirstGrantAskCountsTheFleet(t *testing.T) {
 
 // holderOf returns a limiter of a fake world under policy name (1 000/s,
 // capacity leases of a 15 s term) whose key "hot" holds a grant.
-func holderOf(t *testing.T, name string, opts ...Option) (*fakeWorld, *Limiter, *entry) {
+func holderOf(t *testing.T, name string, opts ...Option) (*fakeWorld, *Limiter, *account) {
 	t.Helper()
 	w := newFakeWorld()
 	l := w.limiter(t, Policy{Name: name, Limit: PerSecond(1000)}, append([]Option{WithCapacityLeases(15 * time.Second)}, opts...)...)

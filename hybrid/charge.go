@@ -134,7 +134,7 @@ func (c *Charge) Settled() bool { return c.settled.Load() }
 // refund gives back n tokens of settled charge c: into e's lease when
 // the key is tracked (spent or given back with it), else to the bucket.
 // Sliding windows and several limits get nothing back.
-func (l *Limiter) refund(p *policyState, e *entry, c *Charge, n int64) {
+func (l *Limiter) refund(p *policyState, e *account, c *Charge, n int64) {
 	if p.shaped {
 		return
 	}
@@ -142,14 +142,9 @@ func (l *Limiter) refund(p *policyState, e *entry, c *Charge, n int64) {
 		// A charge's tokens the lease gave are still counted by the
 		// record they came from while the lease's end is the one the
 		// charge saw: they go back into the lease under it.
-		if e != nil && c.Source == SourceLease {
-			e.mu.Lock() // the lease's end moves under it (leaser.leaseFor)
-			back := e.lease.Expiry() == c.gen && l.cfg.now() < mono(c.gen) && e.lease.Add(n, c.gen)
-			e.mu.Unlock()
-			if back {
-				l.stats.tokensLeased.Add(n)
-				return
-			}
+		if e != nil && c.Source == SourceLease && e.refundUnder(n, mono(c.gen), l.cfg.now()) {
+			l.stats.tokensLeased.Add(n)
+			return
 		}
 		// Tokens a store call handed out at once, or a grant, no record
 		// counts, and the bucket has refilled since: had the charge
@@ -163,7 +158,7 @@ func (l *Limiter) refund(p *policyState, e *entry, c *Charge, n int64) {
 		if n -= lapsed; n <= 0 {
 			return
 		}
-	} else if e != nil && e.lease.Add(n, int64(l.cfg.now().add(l.cfg.leaseTTL))) {
+	} else if e != nil && e.refund(n, int64(l.cfg.now().add(l.cfg.leaseTTL))) {
 		l.stats.tokensLeased.Add(n)
 		return
 	}
@@ -175,7 +170,7 @@ func (l *Limiter) refund(p *policyState, e *entry, c *Charge, n int64) {
 // chargeExtra charges n tokens a settled charge lacked: from e's lease,
 // then its grant (as debt the grant pays), the rest as a debit to the
 // bucket.
-func (l *Limiter) chargeExtra(p *policyState, e *entry, key string, tier uint16, n int64) {
+func (l *Limiter) chargeExtra(p *policyState, e *account, key string, tier uint16, n int64) {
 	if e != nil {
 		n -= l.takeUpTo(e, n, l.spendAt())
 		if h := e.held(); h != nil && n > 0 {
@@ -192,7 +187,7 @@ func (l *Limiter) chargeExtra(p *policyState, e *entry, key string, tier uint16,
 
 // takeUpTo takes at most n tokens from e's lease at now and returns how
 // many.
-func (l *Limiter) takeUpTo(e *entry, n int64, now mono) int64 {
+func (l *Limiter) takeUpTo(e *account, n int64, now mono) int64 {
 	for {
 		k := min(n, e.live(now))
 		if k <= 0 {

@@ -73,7 +73,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, er
 // can: no store call, whatever the store's state. Under stock records a
 // refusal leaves the decision to the key's stock while the store is
 // healthy, unless final (the store call for it failed).
-func (l *Limiter) fromGrant(e *entry, p *policyState, n int64, now mono, final bool) (Decision, bool) {
+func (l *Limiter) fromGrant(e *account, p *policyState, n int64, now mono, final bool) (Decision, bool) {
 	h := e.held()
 	if h == nil {
 		return Decision{}, false
@@ -94,16 +94,16 @@ func (l *Limiter) fromGrant(e *entry, p *policyState, n int64, now mono, final b
 // flood on a key at its limit asks it for every decision), and while the
 // store is healthy. Otherwise the refusal stands: a holder cut off from
 // the store spends its grant and nothing else until the term ends.
-func (l *Limiter) stockAfterGrant(e *entry, n int64, now mono) bool {
+func (l *Limiter) stockAfterGrant(e *account, n int64, now mono) bool {
 	return l.cfg.stock && now >= e.refusedUntil(n, now) && l.store.State() == gobreaker.StateClosed && !l.outage.held(now)
 }
 
 // grantDecided counts a decision a grant made: an admission is activity of
 // the key (its entry's count), a refusal demand that the next renewal
 // asks for.
-func (l *Limiter) grantDecided(e *entry, n int64, allowed bool, now mono) {
+func (l *Limiter) grantDecided(e *account, n int64, allowed bool, now mono) {
 	if allowed {
-		e.admits.Add(1)
+		e.admitted()
 		return
 	}
 	// A flood refuses on every core, and a count the entry kept on each
@@ -114,9 +114,9 @@ func (l *Limiter) grantDecided(e *entry, n int64, allowed bool, now mono) {
 	// anyway. On another clock every one counts, so that a run is
 	// deterministic.
 	if !l.cfg.realtime {
-		e.misses.Add(n)
+		e.missed(n)
 	} else if rand.Uint32()%missSample == 0 {
-		e.misses.Add(missSample * n)
+		e.missed(missSample * n)
 	}
 	l.stats.rejected[SourceGrant].Add(1)
 	l.grants.overdue(e, now)
@@ -126,13 +126,13 @@ func (l *Limiter) grantDecided(e *entry, n int64, allowed bool, now mono) {
 // demand on the real clock.
 const missSample = 16
 
-// leased takes n tokens at at (Limiter.spendAt) from the lease of key's entry, if the key
+// leased takes n tokens at at (Limiter.spendAt) from the lease of key's account, if the key
 // is tracked under the tier it is in now; e is that entry, nil when the
 // key is not tracked under its tier (its grant is not its to spend
 // either). Every decision spends leased tokens through leaser.spend, here
 // (Allow, AllowN, ReserveN) or on the entry it holds (allowSlow). It
 // allocates nothing.
-func (l *Limiter) leased(key string, n int64, at mono) (e *entry, ok bool, left int64) {
+func (l *Limiter) leased(key string, n int64, at mono) (e *account, ok bool, left int64) {
 	if e = l.keys.entries.load(key); e != nil && (l.cfg.tierOf == nil || l.inTier(e, key)) {
 		ok, left = l.leaser.spend(e, n, at)
 		return e, ok, left
@@ -141,7 +141,7 @@ func (l *Limiter) leased(key string, n int64, at mono) (e *entry, ok bool, left 
 }
 
 // inTier reports whether e is under the tier WithTier names for key now.
-func (l *Limiter) inTier(e *entry, key string) bool {
+func (l *Limiter) inTier(e *account, key string) bool {
 	return e.tier == l.tierIndex(l.policy.load(), key)
 }
 
@@ -208,7 +208,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) error {
 }
 
 // allowSlow decides when the lease cannot: it validates, finds or creates
-// the key's entry, then each round tries the lease, the outage mode, a
+// the key's account, then each round tries the lease, the outage mode, a
 // cached answer, and the store (one flight per key), in that order. It
 // reads the clock once per round.
 func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision, error) {
@@ -236,18 +236,18 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 		if d, ok, err := l.decideWithoutStore(e, p, n, now, round); ok {
 			return d, err
 		}
-		e.misses.Add(n)
-		e.waiting.Add(n)
+		e.missed(n)
+		e.wait(n)
 		out, err := l.leaser.fetch(ctx, e, n)
-		e.waiting.Add(-n)
+		e.wait(-n)
 		if err != nil {
 			return l.storeFailed(ctx, e, p, n, now, err)
 		}
 		if out.handed {
 			// The call's tokens for this caller, admitted by the store
-			// as it granted them (a lease from a full bucket holds
-			// nothing past that, see leaser.lifetime).
-			e.admits.Add(1)
+			// as it granted them (no record counts them, see
+			// leaser.granted).
+			e.admitted()
 			return l.admit(e, l.policy.load(), e.live(l.cfg.spendAtNow(out.at)), true), nil
 		}
 		if !out.deposited {
@@ -258,7 +258,7 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 
 // admit is the Decision for tokens just taken from e's lease; afterCall
 // marks tokens that a store call of this decision brought in.
-func (l *Limiter) admit(e *entry, p *policyState, left int64, afterCall bool) Decision {
+func (l *Limiter) admit(e *account, p *policyState, left int64, afterCall bool) Decision {
 	src := SourceLease
 	if afterCall {
 		src = SourceRemote
@@ -272,7 +272,7 @@ func (l *Limiter) admit(e *entry, p *policyState, left int64, afterCall bool) De
 // asked: the breaker is not closed, a cached answer says when tokens
 // arrive or that the bucket is corrupt, or this decision has had its store
 // rounds.
-func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono, round int) (Decision, bool, error) {
+func (l *Limiter) decideWithoutStore(e *account, p *policyState, n int64, now mono, round int) (Decision, bool, error) {
 	// Reserved tokens now due are the store's grant, whatever its state
 	// since: they are released as a decision finds them (see reservation).
 	if ok, left := l.leaser.spendDue(e, n, now); ok {
@@ -322,14 +322,14 @@ func (l *Limiter) decideWithoutStore(e *entry, p *policyState, n int64, now mono
 // (whose sweeps settle the debt an admission owes) was forgotten, and
 // came back as one this process had never seen, whose share starts with
 // a burst (TestOutageRefusalsKeepTheKey, TestRecoveryHoldKeepsTheKey).
-func (l *Limiter) withoutCall(e *entry, n int64, d Decision) Decision {
-	e.misses.Add(n)
+func (l *Limiter) withoutCall(e *account, n int64, d Decision) Decision {
+	e.missed(n)
 	return d
 }
 
 // storeFailed decides n on e after the store call of the round that began
 // at now failed with err.
-func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n int64, now mono, err error) (Decision, error) {
+func (l *Limiter) storeFailed(ctx context.Context, e *account, p *policyState, n int64, now mono, err error) (Decision, error) {
 	lim := p.tier(e).limits[0]
 	switch {
 	case errors.Is(err, ErrClosed):
@@ -376,7 +376,7 @@ func (l *Limiter) storeFailed(ctx context.Context, e *entry, p *policyState, n i
 // so does a key the store has never answered for, whose share would start
 // with a burst. A store silent for longer is more likely dead (the breaker
 // is told, see storeFailed), and the share decides.
-func (l *Limiter) slow(e *entry, p *policyState, n int64, now mono) Decision {
+func (l *Limiter) slow(e *account, p *policyState, n int64, now mono) Decision {
 	t := p.tier(e)
 	// Under stock records a key that holds or asks for flow is at its
 	// limit whatever level the bucket showed last: the level is what the
@@ -391,7 +391,7 @@ func (l *Limiter) slow(e *entry, p *policyState, n int64, now mono) Decision {
 
 // reject is the refusal of a decision on e: Limit is the limit the store
 // last said refused (the tightest of several), Remaining the estimate.
-func (l *Limiter) reject(e *entry, p *policyState, src Source, wait time.Duration, now mono) Decision {
+func (l *Limiter) reject(e *account, p *policyState, src Source, wait time.Duration, now mono) Decision {
 	l.stats.rejected[src].Add(1)
 	t := p.tier(e)
 	lim := t.limits[0]

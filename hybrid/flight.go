@@ -41,10 +41,10 @@ type flight struct {
 	// the flight until it is done: whoever ends the last drops what no
 	// caller took of the handout (a caller that left at its timeout).
 	refs atomic.Int64
-	// What the call is for: the leaser, the key's entry and the
+	// What the call is for: the leaser, the key's account and the
 	// leader's need (0 for a background refill).
 	ls   *leaser
-	e    *entry
+	e    *account
 	need int64
 }
 
@@ -71,7 +71,7 @@ type flightTable struct {
 
 // join returns the flight under way for e's key, or a new one for need
 // that the caller leads.
-func (t *flightTable) join(ls *leaser, e *entry, need int64) (f *flight, lead bool) {
+func (t *flightTable) join(ls *leaser, e *account, need int64) (f *flight, lead bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if f = t.m[e.key]; f == nil {
@@ -133,8 +133,7 @@ func (f *flight) leave() {
 		return
 	}
 	if left := f.handout.Swap(0); left > 0 {
-		f.e.inflow.Add(-left)
-		f.e.misses.Add(left) // their callers' demand, as granted moved it
+		f.e.unhand(left)
 		f.ls.stats.tokensExpired.Add(left)
 	}
 }

@@ -110,7 +110,7 @@ func TestFlightAfterCloseEndsInline(t *testing.T) {
 	w := newFakeWorld()
 	l := w.limiter(t, Policy{Name: "closing", Limit: Limit{Rate: 10, Period: time.Second, Burst: 10}})
 	require.NoError(t, l.Close(context.Background()))
-	f, lead := l.leaser.flights.join(&l.leaser, newEntry("k"), 0)
+	f, lead := l.leaser.flights.join(&l.leaser, newAccount("k"), 0)
 	require.True(t, lead)
 	before := spawn.Count()
 	l.leaser.workers.run(f)
@@ -168,7 +168,7 @@ func TestHandoutNoCallerTookIsDropped(t *testing.T) {
 		t.Run(fmt.Sprintf("leaves-before-landing=%v", leavesFirst), func(t *testing.T) {
 			w := newFakeWorld()
 			l := w.limiter(t, Policy{Name: "handout", Limit: Limit{Rate: 10, Period: time.Second, Burst: 10}})
-			e := newEntry("k")
+			e := newAccount("k")
 			e.inflow.Store(2) // as granted leaves it: 2 handed, from 2 misses
 			f, lead := l.leaser.flights.join(&l.leaser, e, 1)
 			require.True(t, lead)
@@ -197,7 +197,7 @@ func TestHandoutNoCallerTookIsDropped(t *testing.T) {
 // TestColdDecisionAllocations: a decision on a key the process has not
 // seen, flown by its caller, allocates at most 3 times more than the
 // store's lease on an unseen bucket (TestLeaseAllocationsOnRealRedis
-// bounds that against go-redis's own): the key's entry, its key's copy
+// bounds that against go-redis's own): the key's account, its key's copy
 // (the caller's string may share a larger buffer the table would keep
 // alive) and the flight. The flight's channel, made for every flight
 // though a caller flying its own waits on nothing, was a 4th, and

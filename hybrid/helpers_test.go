@@ -52,7 +52,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func quiesce(t *testing.T, l *Limiter) {
 	t.Helper()
 	eventually(t, "refills to finish", func() bool {
-		return !l.keys.any(func(e *entry) bool { return e.refilling.Load() })
+		return !l.keys.any(func(e *account) bool { return e.refilling.Load() })
 	})
 }
 

@@ -87,7 +87,7 @@ func TestKeyWithACallInFlightIsKept(t *testing.T) {
 	inflow := e.inflow.Load()
 	st.open()
 	eventually(t, "the call to land", func() bool { return e.callSince.Load() == 0 })
-	require.Greater(t, e.inflow.Load(), inflow, "the call's tokens did not reach the key's entry")
+	require.Greater(t, e.inflow.Load(), inflow, "the call's tokens did not reach the key's account")
 	// The lease is past its life by now: the next sweep takes it out, and
 	// the key's books balance (leased less taken out = admitted + held).
 	w.clk.Advance(l.cfg.sweepInterval)

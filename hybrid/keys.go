@@ -28,16 +28,16 @@ type keyTable struct {
 	evictedGrants atomic.Int64 // the part of them that grants decided
 }
 
-// load returns key's entry, or nil: the hot path's lookup.
-func (t *keyTable) load(key string) *entry {
+// load returns key's account, or nil: the hot path's lookup.
+func (t *keyTable) load(key string) *account {
 	return t.entries.load(key)
 }
 
-// getOrCreate returns key's entry under tier, creating it if needed: an
+// getOrCreate returns key's account under tier, creating it if needed: an
 // entry under another tier is evicted first (the key moved). Making room
 // evicts entries too; all are returned in evicted, for the caller to
 // settle. It returns a nil entry once the table is closed.
-func (t *keyTable) getOrCreate(key string, tier uint16) (e *entry, evicted []*entry) {
+func (t *keyTable) getOrCreate(key string, tier uint16) (e *account, evicted []*account) {
 	if e := t.load(key); e != nil {
 		if e.tier == tier {
 			return e, nil
@@ -49,7 +49,7 @@ func (t *keyTable) getOrCreate(key string, tier uint16) (e *entry, evicted []*en
 	if t.n.Add(1) > t.max {
 		evicted = t.makeRoom(evicted)
 	}
-	e = newEntry(strings.Clone(key))
+	e = newAccount(strings.Clone(key))
 	e.tier = tier
 	v, loaded := t.entries.loadOrStore(e)
 	if loaded {
@@ -67,17 +67,17 @@ func (t *keyTable) getOrCreate(key string, tier uint16) (e *entry, evicted []*en
 }
 
 // each calls f on every entry.
-func (t *keyTable) each(f func(*entry)) {
-	t.entries.each(func(e *entry) bool {
+func (t *keyTable) each(f func(*account)) {
+	t.entries.each(func(e *account) bool {
 		f(e)
 		return true
 	})
 }
 
 // any reports whether f holds for some entry.
-func (t *keyTable) any(f func(*entry) bool) bool {
+func (t *keyTable) any(f func(*account) bool) bool {
 	found := false
-	t.entries.each(func(e *entry) bool {
+	t.entries.each(func(e *account) bool {
 		found = f(e)
 		return !found
 	})
@@ -88,7 +88,7 @@ func (t *keyTable) any(f func(*entry) bool) bool {
 func (t *keyTable) len() int64 { return max(t.n.Load(), 0) }
 
 // evict forgets e and reports whether this call did (false if it was gone).
-func (t *keyTable) evict(e *entry) bool {
+func (t *keyTable) evict(e *account) bool {
 	if !t.entries.compareAndDelete(e) {
 		return false
 	}
@@ -102,7 +102,7 @@ func (t *keyTable) evict(e *entry) bool {
 // idle counts one more idle sweep for e if it saw no activity since the
 // last one, and evicts it once idle for idleSweepsBeforeEvict sweeps in a
 // row, reporting whether it did. One sweep runs at a time.
-func (t *keyTable) idle(e *entry, now mono) bool {
+func (t *keyTable) idle(e *account, now mono) bool {
 	return e.idleSweep(e.admits.Load()+e.misses.Load(), e.busy(now)) >= idleSweepsBeforeEvict && t.evict(e)
 }
 
@@ -110,14 +110,14 @@ func (t *keyTable) idle(e *entry, now mono) bool {
 // evicts a batch at a time, in the map's (hash) order, skipping keys with
 // a refill or reservation in flight, so a spray of new keys costs an
 // amortized constant per insert.
-func (t *keyTable) makeRoom(evicted []*entry) []*entry {
+func (t *keyTable) makeRoom(evicted []*account) []*account {
 	t.evictMu.Lock()
 	defer t.evictMu.Unlock()
 	if t.n.Load() <= t.max {
 		return evicted
 	}
 	target := max(t.max-t.max/64-1, 0)
-	t.entries.each(func(e *entry) bool {
+	t.entries.each(func(e *account) bool {
 		if e.refilling.Load() || e.pendingUntil() != 0 {
 			return true
 		}
@@ -132,8 +132,8 @@ func (t *keyTable) makeRoom(evicted []*entry) []*entry {
 // clear forgets every entry (Close) and returns them. Their admissions
 // stay counted, as an eviction's do: Stats after Close still counts every
 // decision.
-func (t *keyTable) clear() (all []*entry) {
-	t.entries.each(func(e *entry) bool {
+func (t *keyTable) clear() (all []*account) {
+	t.entries.each(func(e *account) bool {
 		all = append(all, e)
 		if t.entries.compareAndDelete(e) {
 			t.evictedAdmits.Add(e.admits.Load())
@@ -165,22 +165,22 @@ type entryMap struct {
 type entryTable struct {
 	seed  maphash.Seed
 	mask  uint64
-	slots []atomic.Pointer[entry]
+	slots []atomic.Pointer[account]
 	live  int // under entryMap.mu, like used
 	used  int // live entries plus tombstones
 }
 
 // tombstone marks a deleted slot: probes go on past it.
-var tombstone = &entry{}
+var tombstone = &account{}
 
 const minTableSize = 64
 
 func newEntryTable(size int) *entryTable {
-	return &entryTable{seed: maphash.MakeSeed(), mask: uint64(size - 1), slots: make([]atomic.Pointer[entry], size)}
+	return &entryTable{seed: maphash.MakeSeed(), mask: uint64(size - 1), slots: make([]atomic.Pointer[account], size)}
 }
 
-// find returns key's entry in t, or nil; t may be nil (no table yet).
-func (t *entryTable) find(key string) *entry {
+// find returns key's account in t, or nil; t may be nil (no table yet).
+func (t *entryTable) find(key string) *account {
 	if t == nil {
 		return nil
 	}
@@ -195,12 +195,12 @@ func (t *entryTable) find(key string) *entry {
 	}
 }
 
-// load returns key's entry, or nil. Small enough to inline into the hot
+// load returns key's account, or nil. Small enough to inline into the hot
 // path's lookup.
-func (m *entryMap) load(key string) *entry { return m.cur.Load().find(key) }
+func (m *entryMap) load(key string) *account { return m.cur.Load().find(key) }
 
 // loadOrStore returns the entry for e.key, storing e if there was none.
-func (m *entryMap) loadOrStore(e *entry) (actual *entry, loaded bool) {
+func (m *entryMap) loadOrStore(e *account) (actual *account, loaded bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t := m.cur.Load()
@@ -233,7 +233,7 @@ func (m *entryMap) loadOrStore(e *entry) (actual *entry, loaded bool) {
 }
 
 // compareAndDelete deletes e if it is still the entry for its key.
-func (m *entryMap) compareAndDelete(e *entry) bool {
+func (m *entryMap) compareAndDelete(e *account) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t := m.cur.Load()
@@ -283,7 +283,7 @@ func (m *entryMap) rebuildLocked(t *entryTable, live int) *entryTable {
 
 // each calls f on every entry until f returns false. Entries inserted or
 // deleted meanwhile may or may not be seen.
-func (m *entryMap) each(f func(*entry) bool) {
+func (m *entryMap) each(f func(*account) bool) {
 	t := m.cur.Load()
 	if t == nil {
 		return

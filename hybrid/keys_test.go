@@ -17,7 +17,7 @@ import (
 // checks every key against a plain map after each step.
 func TestEntryMapOps(t *testing.T) {
 	var m entryMap
-	want := map[string]*entry{}
+	want := map[string]*account{}
 	check := func(step string) {
 		t.Helper()
 		for k, e := range want {
@@ -26,7 +26,7 @@ func TestEntryMapOps(t *testing.T) {
 			}
 		}
 		n := 0
-		m.each(func(e *entry) bool {
+		m.each(func(e *account) bool {
 			if want[e.key] != e {
 				t.Fatalf("%s: each visited %q, not in the map", step, e.key)
 			}
@@ -37,21 +37,21 @@ func TestEntryMapOps(t *testing.T) {
 			t.Fatalf("%s: each visited %d entries, want %d", step, n, len(want))
 		}
 	}
-	if m.load("absent") != nil || m.compareAndDelete(newEntry("absent")) {
+	if m.load("absent") != nil || m.compareAndDelete(newAccount("absent")) {
 		t.Fatal("empty map found a key")
 	}
 	for i := range 5000 {
-		e := newEntry("k" + strconv.Itoa(i))
+		e := newAccount("k" + strconv.Itoa(i))
 		if got, loaded := m.loadOrStore(e); loaded || got != e {
 			t.Fatalf("insert %q: loaded %v", e.key, loaded)
 		}
 		want[e.key] = e
 	}
 	check("after 5000 inserts")
-	if got, loaded := m.loadOrStore(newEntry("k7")); !loaded || got != want["k7"] {
+	if got, loaded := m.loadOrStore(newAccount("k7")); !loaded || got != want["k7"] {
 		t.Fatal("a second insert of k7 replaced the first")
 	}
-	if m.compareAndDelete(newEntry("k8")) {
+	if m.compareAndDelete(newAccount("k8")) {
 		t.Fatal("deleted k8 through an entry that is not the one stored")
 	}
 	for i := 0; i < 5000; i += 2 {
@@ -63,7 +63,7 @@ func TestEntryMapOps(t *testing.T) {
 	}
 	check("after deleting half")
 	for i := 5000; i < 7000; i++ { // reuses tombstones
-		e := newEntry("k" + strconv.Itoa(i))
+		e := newAccount("k" + strconv.Itoa(i))
 		m.loadOrStore(e)
 		want[e.key] = e
 	}
@@ -83,9 +83,9 @@ func TestEntryMapOps(t *testing.T) {
 // always found, and every lookup returns nil or the entry for its key.
 func TestEntryMapConcurrent(t *testing.T) {
 	var m entryMap
-	stable := make([]*entry, 64)
+	stable := make([]*account, 64)
 	for i := range stable {
-		stable[i] = newEntry("stable-" + strconv.Itoa(i))
+		stable[i] = newAccount("stable-" + strconv.Itoa(i))
 		m.loadOrStore(stable[i])
 	}
 	var stop atomic.Bool
@@ -95,7 +95,7 @@ func TestEntryMapConcurrent(t *testing.T) {
 		go func() {
 			defer writers.Done()
 			for i := 0; !stop.Load(); i++ {
-				e := newEntry("churn-" + strconv.Itoa(w) + "-" + strconv.Itoa(i%3000))
+				e := newAccount("churn-" + strconv.Itoa(w) + "-" + strconv.Itoa(i%3000))
 				if got, loaded := m.loadOrStore(e); loaded {
 					m.compareAndDelete(got)
 				}
@@ -137,7 +137,7 @@ func BenchmarkEntryMap(b *testing.B) {
 	var sm sync.Map
 	for i := range keys {
 		keys[i] = "user-" + strconv.Itoa(100000+i)
-		e := newEntry(keys[i])
+		e := newAccount(keys[i])
 		m.loadOrStore(e)
 		sm.Store(e.key, e)
 	}

@@ -56,7 +56,7 @@ type leaser struct {
 // tokens left, starting a background refill when the lease falls below
 // its low-water mark. It is the hot path: e.spend inlines, and the refill
 // call runs about once per batch.
-func (ls *leaser) spend(e *entry, n int64, now mono) (ok bool, left int64) {
+func (ls *leaser) spend(e *account, n int64, now mono) (ok bool, left int64) {
 	ok, low, left := e.spend(n, now)
 	if low {
 		ls.refillAsync(e, now)
@@ -68,17 +68,14 @@ func (ls *leaser) spend(e *entry, n int64, now mono) (ok bool, left int64) {
 // key's demand: demand × horizon, at least need and 1, at most the policy's
 // maximum lease (unless need alone is larger); a token more than need for a
 // key that comes back well within a lease's life.
-func (ls *leaser) sizeLease(e *entry, p *policyState, need int64, now mono) int64 {
-	e.mu.Lock()
+func (ls *leaser) sizeLease(e *account, p *policyState, need int64, now mono) int64 {
 	// A key whose last store call was within half a lease's life comes
 	// back well before the lease ends. A key coming back about once a
 	// life would mostly give a spare token back unspent, a return call
 	// instead of a saved one: at one decision per TTL, measured, 39
 	// calls for 20 decisions.
-	last, seen := e.demand.observed()
+	rate, last, seen := e.observe(now)
 	back := seen && now.sub(last) <= ls.cfg.leaseTTL/2
-	rate := e.demand.observe(now, e.demandCount())
-	e.mu.Unlock()
 	if ls.grants != nil {
 		ls.grants.consider(e, p, rate, now)
 	}
@@ -141,7 +138,7 @@ func alone(cfg *config, o *outage, now mono) bool {
 // lease's decisions each come here, so the clock is read only past the
 // checks that need none (a clock read is 30 ns here, and a key drained
 // while its flow decides came here on every decision).
-func (ls *leaser) refillAsync(e *entry, at mono) {
+func (ls *leaser) refillAsync(e *account, at mono) {
 	if e.reserved() > e.lease.LowWater() || e.refilling.Load() {
 		return
 	}
@@ -172,7 +169,7 @@ func (ls *leaser) refillAsync(e *entry, at mono) {
 type fetchOutcome struct {
 	deposited bool
 	// handout is the tokens the call brought for the callers waiting on
-	// it, kept out of the lease (see lifetime); handed reports that this
+	// it, kept out of the lease (see granted); handed reports that this
 	// caller's n were among them.
 	handout int64
 	handed  bool
@@ -191,7 +188,7 @@ var errSlowFlight = errs.Errorf("hybrid", "store slower than the store timeout: 
 // most the store timeout: the flight goes on without it); the store is
 // asked for what the lease lacks of it, so that a refusal's wait is for
 // those tokens and asking again then finds them.
-func (ls *leaser) fetch(ctx context.Context, e *entry, need int64) (fetchOutcome, error) {
+func (ls *leaser) fetch(ctx context.Context, e *account, need int64) (fetchOutcome, error) {
 	f, lead := ls.flights.join(ls, e, need)
 	flown := false
 	if lead {
@@ -263,7 +260,7 @@ func (ls *leaser) putTimer(t clock.Timer, clean bool) {
 
 // leaseFor is one flight: a lease call sized for every caller waiting on
 // e, unless an earlier flight already served them.
-func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (fetchOutcome, error) {
+func (ls *leaser) leaseFor(e *account, need int64, calls *background.Deadlines) (fetchOutcome, error) {
 	ls.policy.syncOnce(ls.bg.Ctx)
 	p := ls.policy.load()
 	start := ls.cfg.now()
@@ -322,13 +319,13 @@ func (ls *leaser) leaseFor(e *entry, need int64, calls *background.Deadlines) (f
 // the new term's, so the lease keeps the later of its own too. Held or
 // not, the end moves a nanosecond at least (well within the margin), so
 // that it tells records apart (see Limiter.refund).
-func (ls *leaser) extendHeld(e *entry, p *policyState, res remote.Result, start mono) {
+func (ls *leaser) extendHeld(e *account, p *policyState, res remote.Result, start mono) {
 	e.mu.Lock()
 	end := e.lease.Expiry() + 1
 	if res.Held {
 		end = max(int64(ls.stockUntil(start, res.Delay)), end)
 	}
-	open := e.lease.Add(0, end)
+	open := e.extendTo(end)
 	e.mu.Unlock()
 	if !open && res.Held {
 		// Released (Close, eviction) while this call flew: the record it
@@ -339,7 +336,7 @@ func (ls *leaser) extendHeld(e *entry, p *policyState, res remote.Result, start 
 
 // releaseItem gives n of e's tokens back under p and drops this
 // process's record of e at the store, unless a later lease made it.
-func (ls *leaser) releaseItem(p *policyState, e *entry, n int64) reconcile.Item {
+func (ls *leaser) releaseItem(p *policyState, e *account, n int64) reconcile.Item {
 	it := ls.returnItem(p, e, n)
 	it.Req.Stock = remote.Stock{Holder: ls.outage.id, Seq: ls.seq.Load(), Release: true}
 	return it
@@ -347,7 +344,7 @@ func (ls *leaser) releaseItem(p *policyState, e *entry, n int64) reconcile.Item 
 
 // call sends req for e with a context from calls (see flight.fly), sent at
 // start, and returns the store's reply and when it came.
-func (ls *leaser) call(e *entry, req remote.Request, calls *background.Deadlines, start mono) (remote.Result, mono, error) {
+func (ls *leaser) call(e *account, req remote.Request, calls *background.Deadlines, start mono) (remote.Result, mono, error) {
 	// Not the caller's context: joined callers share this call. Close ends
 	// it; the refill timeout bounds it (the store timeout, flown inline).
 	e.callSince.Store(start + 1)
@@ -395,7 +392,7 @@ const replyNoteGap = time.Millisecond
 // request builds the lease request for e: sized for every caller waiting
 // on the key, not just the one that started the flight (the others joined
 // it and will take from it).
-func (ls *leaser) request(e *entry, p *policyState, need int64, now mono) remote.Request {
+func (ls *leaser) request(e *account, p *policyState, need int64, now mono) remote.Request {
 	want := ls.sizeLease(e, p, max(need, e.waiting.Load()), now)
 	if share := ls.contendedShare(e, p, now); share > want {
 		want = share
@@ -464,7 +461,7 @@ const stockGrace = time.Second
 // at stockShare. Not where flow serves a key at its limit: a
 // future-dated lease keeps the bucket's level below zero, where grants
 // may not rise (measured: grants at share 0 for the first 1.2 s).
-func (ls *leaser) paced(p *policyState, e *entry) bool {
+func (ls *leaser) paced(p *policyState, e *account) bool {
 	return ls.cfg.maxDelay > 0 && !p.shaped && !ls.flows(p.tier(e))
 }
 
@@ -502,7 +499,7 @@ func (ls *leaser) stockUntil(start mono, delay time.Duration) mono {
 // store calls per 1 000 decisions above the idle floor against 79–80 with
 // half). 0 when the key is not contended, reservations are off, or the
 // store is not known healthy.
-func (ls *leaser) contendedShare(e *entry, p *policyState, now mono) int64 {
+func (ls *leaser) contendedShare(e *account, p *policyState, now mono) int64 {
 	if !ls.paced(p, e) || ls.store.State() != gobreaker.StateClosed || ls.outage.held(now) || e.grantMode() {
 		// A probe of a store that was down gets a plain lease: a long
 		// grant would fall due while the recovery hold still decides by
@@ -541,14 +538,14 @@ func (ls *leaser) contendedShare(e *entry, p *policyState, now mono) int64 {
 // atLimit reports a key at its limit, or one the store has not answered for
 // yet (its level is -1 until then): tokens are reserved for it, or its last
 // answer left the bucket below one maximum lease.
-func atLimit(e *entry, t *tierState) bool {
+func atLimit(e *account, t *tierState) bool {
 	return e.reserved() > 0 || e.answer.level.Load() < t.maxLease
 }
 
 // apply records a lease reply on e under p, for a request that needed need
 // tokens and was sized for waiters tokens of callers waiting on it, sent
 // at start and answered at now.
-func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, req remote.Request, waiters int64, start, now mono) fetchOutcome {
+func (ls *leaser) apply(e *account, p *policyState, res remote.Result, req remote.Request, waiters int64, start, now mono) fetchOutcome {
 	need := req.Need
 	if res.Granted > 0 {
 		ls.stats.leaseSizes.observe(float64(res.Granted))
@@ -583,7 +580,7 @@ func (ls *leaser) apply(e *entry, p *policyState, res remote.Result, req remote.
 
 // cacheRefusal keeps the store's refusal of need tokens on e, replied at
 // now with wait retry, and returns the wait the refusal holds for.
-func (ls *leaser) cacheRefusal(e *entry, p *policyState, need int64, retry time.Duration, now mono) time.Duration {
+func (ls *leaser) cacheRefusal(e *account, p *policyState, need int64, retry time.Duration, now mono) time.Duration {
 	if e.grantMode() || ls.stock(p) {
 		// Waiting for its grant, a key at its limit is not paced, and a
 		// dry bucket under stock records before any flow waits a token
@@ -613,7 +610,7 @@ func (ls *leaser) cacheRefusal(e *entry, p *policyState, need int64, retry time.
 // a sliding window's lease until its hold, a stock lease until its
 // record's term (the waiting callers' at once), a plain lease until its
 // TTL, or a reservation released at the bucket's pace.
-func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, spend, waiters int64, start, now mono) fetchOutcome {
+func (ls *leaser) granted(e *account, p *policyState, res remote.Result, spend, waiters int64, start, now mono) fetchOutcome {
 	switch {
 	case res.Delay <= 0 && p.hold > 0:
 		ls.depositHeld(e, p, res.Granted, res.Now, start.add(p.life))
@@ -650,7 +647,7 @@ func (ls *leaser) granted(e *entry, p *policyState, res remote.Result, spend, wa
 // bucketLost counts a bucket that vanished before its TTL (evicted by a
 // Redis under memory pressure, or deleted) while this process used it: it
 // came back full, so the fleet may admit a fresh burst. Logged once.
-func (ls *leaser) bucketLost(e *entry) {
+func (ls *leaser) bucketLost(e *account) {
 	ls.stats.bucketsLost.Add(1)
 	if ls.lostLogged.CompareAndSwap(false, true) {
 		ls.cfg.logger.LogAttrs(context.Background(), slog.LevelError,
@@ -664,7 +661,7 @@ func (ls *leaser) bucketLost(e *entry) {
 // until the TTL from now, after which the sweep gives them back; if e was
 // closed meanwhile (eviction, Close) they can no longer be spent and go
 // back at once.
-func (ls *leaser) deposit(e *entry, n int64, until, now mono) {
+func (ls *leaser) deposit(e *account, n int64, until, now mono) {
 	ls.stats.tokensLeased.Add(n)
 	p := ls.policy.load()
 	end := int64(now.add(ls.cfg.leaseTTL))
@@ -674,30 +671,24 @@ func (ls *leaser) deposit(e *entry, n int64, until, now mono) {
 		// Keep did).
 		end = min(int64(until), e.lease.Expiry())
 	}
-	if e.lease.Add(n, end) {
-		e.inflow.Add(n)
-		return
+	if !e.deposit(n, end) {
+		ls.giveBack(e, n)
 	}
-	ls.giveBack(e, n)
 }
 
 // giveBack gives n of e's tokens that can no longer be spent back to the
 // bucket.
-func (ls *leaser) giveBack(e *entry, n int64) {
+func (ls *leaser) giveBack(e *account, n int64) {
 	ls.settle.later(ls.returnItem(ls.policy.load(), e, n))
 }
 
 // handOut gives the callers waiting on e's flight their tokens of a
 // grant of granted at once, at most waiters: the store admitted them as
 // it granted them. It returns how many.
-func (ls *leaser) handOut(e *entry, granted, waiters int64) int64 {
+func (ls *leaser) handOut(e *account, granted, waiters int64) int64 {
 	hand := min(granted, waiters)
 	ls.stats.tokensLeased.Add(hand)
-	// Into the key's books as leased, then spent; their callers' demand
-	// moves from misses to what the lease took in, in an order that
-	// never counts it twice (see demand.observe).
-	e.misses.Add(-hand)
-	e.inflow.Add(hand)
+	e.handOut(hand)
 	return hand
 }
 
@@ -707,14 +698,14 @@ func (ls *leaser) handOut(e *entry, granted, waiters int64) int64 {
 // ends). A drain timer takes back what is left at expiry rather than the
 // sweep, whose period may be longer than the hold; the lease's expiry
 // only moves earlier while it still holds tokens of an earlier grant.
-func (ls *leaser) depositHeld(e *entry, p *policyState, n int64, granted time.Time, expiry mono) {
+func (ls *leaser) depositHeld(e *account, p *policyState, n int64, granted time.Time, expiry mono) {
 	ls.stats.tokensLeased.Add(n)
 	x := e.extra()
 	e.mu.Lock()
 	if old := x.heldSince.Load(); old == 0 || e.lease.Tokens() == 0 || storeTime(granted) < old {
 		x.heldSince.Store(storeTime(granted))
 	}
-	ok := e.lease.AddBefore(n, int64(expiry))
+	ok := e.depositBefore(n, int64(expiry))
 	old := x.drain
 	x.drain = nil
 	e.mu.Unlock()
@@ -725,7 +716,6 @@ func (ls *leaser) depositHeld(e *entry, p *policyState, n int64, granted time.Ti
 		ls.settle.later(ls.returnItem(p, e, n))
 		return
 	}
-	e.inflow.Add(n)
 	// Armed outside e.mu: a manual clock runs a due callback at once.
 	t := ls.bg.After(mono(e.lease.Expiry()).sub(ls.cfg.now()), func() {
 		if items := ls.drainExpired(ls.policy.load(), e, ls.cfg.now()); len(items) > 0 {
@@ -746,7 +736,7 @@ func (ls *leaser) depositHeld(e *entry, p *policyState, n int64, granted time.Ti
 }
 
 // stopDrain stops e's drain timer, if any (release).
-func (ls *leaser) stopDrain(e *entry) {
+func (ls *leaser) stopDrain(e *account) {
 	r := e.rare.Load()
 	if r == nil {
 		return
@@ -761,21 +751,18 @@ func (ls *leaser) stopDrain(e *entry) {
 
 // release closes e's lease and cancels its reservations, returning the
 // settlements that give their tokens back to e's buckets under p.
-func (ls *leaser) release(p *policyState, e *entry) []reconcile.Item {
+func (ls *leaser) release(p *policyState, e *account) []reconcile.Item {
 	ls.stopDrain(e)
 	var out []reconcile.Item
-	e.mu.Lock()
-	again := e.lease.Closed()
-	n := e.lease.Close()
-	e.mu.Unlock()
+	n, again := e.close()
 	if ls.stock(p) {
 		// What the record counts goes at once, not at its term: a
 		// release that no later lease of this process overtakes. Once:
 		// a call that lands after it releases its own record
 		// (extendHeld), and Close's second pass sent every key's
-		// release twice.
+		// release twice. The record counted the reservations' tokens
+		// not yet due too (Keep).
 		n += ls.pace.cancel(e)
-		e.inflow.Add(-n)
 		if again {
 			if n > 0 {
 				return []reconcile.Item{ls.returnItem(p, e, n)}
@@ -785,7 +772,6 @@ func (ls *leaser) release(p *policyState, e *entry) []reconcile.Item {
 		return []reconcile.Item{ls.releaseItem(p, e, n)}
 	}
 	if n > 0 {
-		e.inflow.Add(-n)
 		out = append(out, ls.returnItem(p, e, n))
 	}
 	if n := ls.pace.cancel(e); n > 0 {
@@ -795,17 +781,8 @@ func (ls *leaser) release(p *policyState, e *entry) []reconcile.Item {
 }
 
 // drainExpired takes back e's lease if it expired at or before now.
-func (ls *leaser) drainExpired(p *policyState, e *entry, now mono) []reconcile.Item {
-	// An expired lease stays expired until the next grant: most of the
-	// keys a sweep visits hold an empty one, which needs no lock.
-	if mono(e.lease.Expiry()) > now || e.lease.Tokens() == 0 {
-		return nil
-	}
-	e.mu.Lock()
-	n := e.lease.DrainExpired(int64(now))
-	e.mu.Unlock()
-	if n > 0 {
-		e.inflow.Add(-n)
+func (ls *leaser) drainExpired(p *policyState, e *account, now mono) []reconcile.Item {
+	if n := e.drainExpired(now); n > 0 {
 		return []reconcile.Item{ls.returnItem(p, e, n)}
 	}
 	return nil
@@ -813,12 +790,8 @@ func (ls *leaser) drainExpired(p *policyState, e *entry, now mono) []reconcile.I
 
 // cut trims e's lease to at most keep tokens and returns the excess as a
 // settlement to e's buckets under p.
-func (ls *leaser) cut(p *policyState, e *entry, keep int64) []reconcile.Item {
-	e.mu.Lock()
-	n := e.lease.Cut(keep)
-	e.mu.Unlock()
-	if n > 0 {
-		e.inflow.Add(-n)
+func (ls *leaser) cut(p *policyState, e *account, keep int64) []reconcile.Item {
+	if n := e.cut(keep); n > 0 {
 		return []reconcile.Item{ls.returnItem(p, e, n)}
 	}
 	return nil
@@ -827,7 +800,7 @@ func (ls *leaser) cut(p *policyState, e *entry, keep int64) []reconcile.Item {
 // returnItem is the settlement that gives n of e's tokens back to its
 // bucket under p; to a sliding window, from the sub-window of e's
 // earliest grant still held (or an earlier one), never a later one.
-func (ls *leaser) returnItem(p *policyState, e *entry, n int64) reconcile.Item {
+func (ls *leaser) returnItem(p *policyState, e *account, n int64) reconcile.Item {
 	req := p.request(ls.cfg.prefix, e)
 	req.N = n
 	if r := e.rare.Load(); r != nil && p.hold > 0 {

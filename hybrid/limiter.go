@@ -209,7 +209,7 @@ func (l *Limiter) SetPolicy(ctx context.Context, p Policy) error {
 func (l *Limiter) adopted(prev, next *policyState) {
 	l.stats.policyChanges.Add(1)
 	retier := !prev.sameTiers(next)
-	l.keys.each(func(e *entry) {
+	l.keys.each(func(e *account) {
 		if retier {
 			// Tier indices moved: every key finds its tier again.
 			if l.keys.evict(e) {
@@ -287,7 +287,7 @@ const heartbeatSlow = 100 * time.Millisecond
 // no more.
 func (l *Limiter) probeFlow() {
 	now := l.cfg.now()
-	l.keys.any(func(e *entry) bool {
+	l.keys.any(func(e *account) bool {
 		if !e.flowing(now) {
 			return false
 		}
@@ -320,12 +320,12 @@ func (l *Limiter) Close(ctx context.Context) error {
 	l.policy.stopWatch()
 	l.settle.queue.Requeue(l.modes.cancelSettlement())
 	p := l.policy.load()
-	l.keys.each(func(e *entry) { l.release(p, e); l.grants.stopTimers(e) })
+	l.keys.each(func(e *account) { l.release(p, e); l.grants.stopTimers(e) })
 	l.leaser.pace.stop() // its reservations are cancelled
 	l.bg.Wait()
 	// Grants go back at once, with Close's deadline; a renewal that ended
 	// after the first pass may have installed one.
-	l.keys.each(func(e *entry) { l.grants.release(ctx, e, p) })
+	l.keys.each(func(e *account) { l.grants.release(ctx, e, p) })
 	// Refills that finished after the first pass may have deposited.
 	l.releaseAll(l.keys.clear())
 	err := l.settle.sendNow(ctx)
@@ -337,7 +337,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 
 // release settles what e holds under p: its lease, its reservations and
 // its outage debt (eviction, policy change, Close).
-func (l *Limiter) release(p *policyState, e *entry) {
+func (l *Limiter) release(p *policyState, e *account) {
 	if e.grantMode() {
 		l.bg.After(0, func() { l.grants.release(l.bg.Ctx, e, p) })
 	}
@@ -349,7 +349,7 @@ func (l *Limiter) release(p *policyState, e *entry) {
 }
 
 // releaseAll releases evicted entries under the policy in force.
-func (l *Limiter) releaseAll(evicted []*entry) {
+func (l *Limiter) releaseAll(evicted []*account) {
 	if len(evicted) == 0 {
 		return
 	}
@@ -371,8 +371,8 @@ func (l *Limiter) sweep() {
 	// unpaid part would be counted twice).
 	settleDebt := l.modes.mode() == ModeHealthy && now.sub(l.leaser.lastOK.Load()) < l.cfg.sweepInterval
 	p := l.policy.load()
-	var evicted []*entry
-	l.keys.each(func(e *entry) { // one pass: 100 000 keys took 15–18 ms, two 21
+	var evicted []*account
+	l.keys.each(func(e *account) { // one pass: 100 000 keys took 15–18 ms, two 21
 		l.settle.later(l.leaser.drainExpired(p, e, now)...)
 		if settleDebt && e.debt() != 0 {
 			l.settle.later(l.outage.charges(e, p, now)...)

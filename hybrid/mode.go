@@ -142,7 +142,7 @@ func (l *Limiter) checkMode() {
 		// share already covers: spending them, or giving them back once
 		// the store answers (after the outage's debt is charged), would
 		// count those tokens twice. They are dropped.
-		l.keys.each(func(e *entry) { l.stats.tokensDropped.Add(l.leaser.pace.cancel(e)) })
+		l.keys.each(func(e *account) { l.stats.tokensDropped.Add(l.leaser.pace.cancel(e)) })
 	case t.from == ModeDegraded:
 		if l.outage.ended(l.cfg.now()) {
 			l.bg.After(0, l.holdBeat)

@@ -92,7 +92,7 @@ type degradedKey struct {
 
 // owe adds n admitted tokens to the debt of e, keeping e's last spill
 // mark when the debt begins.
-func (x *degradedKey) owe(e *entry, n int64) {
+func (x *degradedKey) owe(e *account, n int64) {
 	if x.debt.Add(n) == n {
 		m := e.lastMark()
 		x.markSpill.Store(m.Spill)
@@ -102,7 +102,7 @@ func (x *degradedKey) owe(e *entry, n int64) {
 
 // adjust corrects the debt of e by a settled charge's actual cost less
 // its estimate: more owed, or less, never below nothing.
-func (x *degradedKey) adjust(e *entry, delta int64) {
+func (x *degradedKey) adjust(e *account, delta int64) {
 	if delta > 0 {
 		x.owe(e, delta)
 		return
@@ -124,7 +124,7 @@ func newOutage(cfg *config, stats *counters, store *breaker.Store, id string) *o
 }
 
 // decide admits or refuses n on e by the outage mode, at now.
-func (o *outage) decide(e *entry, p *policyState, n int64, now mono) Decision {
+func (o *outage) decide(e *account, p *policyState, n int64, now mono) Decision {
 	t := p.tier(e)
 	switch o.cfg.outage {
 	case OutageFailOpen:
@@ -161,7 +161,7 @@ func (o *outage) decide(e *entry, p *policyState, n int64, now mono) Decision {
 // would grant a fresh burst on top of the bucket); nil when
 // no share can be expressed (the outage then refuses: a share never falls
 // back to more than Rate/N).
-func (o *outage) degradedBucket(e *entry, t *tierState, now mono) *local.Bucket {
+func (o *outage) degradedBucket(e *account, t *tierState, now mono) *local.Bucket {
 	share, ok := shareOf(t.equiv, int64(o.size()))
 	if !ok {
 		return nil
@@ -320,7 +320,7 @@ func (o *outage) leave(ctx context.Context, policy string) {
 // degraded mode the local share bucket knows exactly how much of its
 // recent use is still outstanding; fail-open has no such bucket and is
 // charged at most one Burst, leaving the key empty.
-func (o *outage) unpaid(e *entry, p *policyState, admitted int64, now mono) int64 {
+func (o *outage) unpaid(e *account, p *policyState, admitted int64, now mono) int64 {
 	if admitted <= 0 {
 		return 0
 	}
@@ -356,7 +356,7 @@ func (o *outage) unpaid(e *entry, p *policyState, admitted int64, now mono) int6
 // left it unused), which pays back what a partition that only this
 // process saw admitted on top of the others' draw. Sliding windows and
 // several limits keep no marks.
-func (o *outage) charges(e *entry, p *policyState, now mono) []reconcile.Item {
+func (o *outage) charges(e *account, p *policyState, now mono) []reconcile.Item {
 	x := &e.extra().down
 	born, spill := x.markBorn.Load(), x.markSpill.Load()
 	admitted := e.takeDebt()
@@ -377,7 +377,7 @@ func (o *outage) charges(e *entry, p *policyState, now mono) []reconcile.Item {
 // refund puts a debit the store did not take back into e's outage debt
 // (every token it spent, with the mark it had), and its unpaid part out
 // of what the share counts as charged.
-func (o *outage) refund(e *entry, r remote.Request) {
+func (o *outage) refund(e *account, r remote.Request) {
 	x := &e.extra().down
 	x.mu.Lock()
 	x.charged = max(x.charged-r.N, 0)

@@ -32,7 +32,7 @@ type reservation struct {
 	delivered int64 // tokens deposited so far; under reservations.mu
 	end       mono  // when the last token becomes spendable
 	step      int64 // ns per token, rounded down
-	until     mono  // the end of its tokens' line (leaser.lifetime)
+	until     mono  // when its tokens stop being spendable (a stock record's term, leaser.stockUntil)
 }
 
 // releaseLag keeps each release strictly after the store's µs-rounded
@@ -163,8 +163,8 @@ func (rs *reservations) readyAt(k int64) mono {
 // depositor puts tokens into a key's lease, or gives them back to the
 // store when they can no longer be spent (the leaser).
 type depositor interface {
-	deposit(e *entry, n int64, until, now mono)
-	giveBack(e *entry, n int64)
+	deposit(e *account, n int64, until, now mono)
+	giveBack(e *account, n int64)
 }
 
 // pacer releases future-dated grants into leases at the bucket's pace.
@@ -194,9 +194,9 @@ type pacer struct {
 // goroutines the timer starts (each run is one) to 100 a second.
 const paceTick = 10 * time.Millisecond
 
-// pending is a reservation waiting for its end, with its key's entry.
+// pending is a reservation waiting for its end, with its key's account.
 type pending struct {
-	e *entry
+	e *account
 	r *reservation
 }
 
@@ -216,10 +216,11 @@ func (q *endQueue) Pop() any {
 }
 
 // reserve holds a future-dated grant of n tokens of e under lim, whole at
-// now+delay and spendable under a line ending at until (leaser.lifetime), and releases
+// now+delay and spendable until until (leaser.stockUntil; never, for a
+// plain lease, which the sweep gives back), and releases
 // it into e's lease at lim's pace. Until a release the key rejects locally
 // with the exact wait for it.
-func (pc *pacer) reserve(e *entry, lim Limit, n int64, delay time.Duration, now, until mono) {
+func (pc *pacer) reserve(e *account, lim Limit, n int64, delay time.Duration, now, until mono) {
 	if !pc.bg.Enter() {
 		pc.into.giveBack(e, n)
 		return
@@ -348,7 +349,7 @@ func (pc *pacer) unlist(p pending) (left int64, ok bool) {
 // timer: a caller told to come back at a release's time finds the
 // tokens. A reservation it delivers whole it ends. It reports whether it
 // deposited anything.
-func (pc *pacer) catchUp(e *entry, now mono) bool {
+func (pc *pacer) catchUp(e *account, now mono) bool {
 	r := e.rare.Load()
 	if r == nil {
 		return false
@@ -364,7 +365,7 @@ func (pc *pacer) catchUp(e *entry, now mono) bool {
 		due := x.dueBy(now)
 		if due > x.delivered {
 			n += due - x.delivered
-			until = min(until, x.until) // the earliest lifetime of those released
+			until = min(until, x.until) // the earliest end of those released
 			x.delivered = due
 		}
 		if x.delivered >= x.n {
@@ -389,7 +390,7 @@ func (pc *pacer) catchUp(e *entry, now mono) bool {
 // spends a lease catches up first, the pacer's timer releasing only after
 // a reservation's end. It reports false, spending nothing, when nothing was
 // due or the lease still falls short.
-func (ls *leaser) spendDue(e *entry, n int64, now mono) (ok bool, left int64) {
+func (ls *leaser) spendDue(e *account, n int64, now mono) (ok bool, left int64) {
 	if !ls.pace.catchUp(e, now) {
 		return false, 0
 	}
@@ -398,7 +399,7 @@ func (ls *leaser) spendDue(e *entry, n int64, now mono) (ok bool, left int64) {
 
 // cancel cancels e's reservations and returns how many tokens they had
 // not released. The timer finds them gone.
-func (pc *pacer) cancel(e *entry) int64 {
+func (pc *pacer) cancel(e *account) int64 {
 	r := e.rare.Load()
 	if r == nil {
 		return 0

@@ -12,8 +12,8 @@ import (
 // countingDepositor counts what a pacer deposits and gives back.
 type countingDepositor struct{ deposited, given int64 }
 
-func (c *countingDepositor) deposit(_ *entry, n int64, _, _ mono) { c.deposited += n }
-func (c *countingDepositor) giveBack(_ *entry, n int64)           { c.given += n }
+func (c *countingDepositor) deposit(_ *account, n int64, _, _ mono) { c.deposited += n }
+func (c *countingDepositor) giveBack(_ *account, n int64)           { c.given += n }
 
 // newTestPacer returns a pacer on a manual clock that counts what it
 // deposits and gives back.
@@ -33,7 +33,7 @@ func newTestPacer() (*clock.Manual, *config, *background.Group, *countingDeposit
 func TestPacerNeverDeliversTwice(t *testing.T) {
 	clk, cfg, bg, into, pc := newTestPacer()
 	defer func() { bg.Close(); bg.Wait() }()
-	e := newEntry("k")
+	e := newAccount("k")
 	lim := Limit{Rate: 20, Period: time.Second, Burst: 20} // 50 ms a token
 	pc.reserve(e, lim, 10, 500*time.Millisecond, cfg.now(), cfg.now()+mono(time.Second))
 	// A decision that read the clock at t0+300 ms catches up before the
@@ -57,7 +57,7 @@ func TestPacerNeverDeliversTwice(t *testing.T) {
 func TestPacerEndsWhatCatchUpDelivers(t *testing.T) {
 	clk, cfg, bg, into, pc := newTestPacer()
 	lim := Limit{Rate: 20, Period: time.Second, Burst: 20} // 50 ms a token
-	whole, part := newEntry("whole"), newEntry("part")
+	whole, part := newAccount("whole"), newAccount("part")
 	pc.reserve(whole, lim, 10, 500*time.Millisecond, cfg.now(), cfg.now()+mono(time.Second))
 	pc.reserve(part, lim, 10, 500*time.Millisecond, cfg.now(), cfg.now()+mono(time.Second))
 	if !pc.catchUp(whole, cfg.now()+mono(500*time.Millisecond)) || !pc.catchUp(part, cfg.now()+mono(300*time.Millisecond)) {
@@ -94,7 +94,7 @@ func TestPacerOneTimerForManyEnds(t *testing.T) {
 	for i := range keys {
 		// Ends 1 ms apart, from 100 ms on, queued in reverse order.
 		delay := time.Duration(100+keys-1-i) * time.Millisecond
-		pc.reserve(newEntry(fmt.Sprint("k", i)), lim, 2, delay, cfg.now(), cfg.now()+mono(time.Second))
+		pc.reserve(newAccount(fmt.Sprint("k", i)), lim, 2, delay, cfg.now(), cfg.now()+mono(time.Second))
 	}
 	if n := clk.Pending(); n != 1 {
 		t.Fatalf("%d timers pending for %d reservations, want 1", n, keys)
@@ -133,13 +133,13 @@ func TestPacerOneTimerForManyEnds(t *testing.T) {
 func TestPacerStopCancelsQueued(t *testing.T) {
 	clk, cfg, bg, into, pc := newTestPacer()
 	lim := Limit{Rate: 20, Period: time.Second, Burst: 20}
-	pc.reserve(newEntry("queued"), lim, 10, 500*time.Millisecond, cfg.now(), cfg.now()+mono(time.Second))
+	pc.reserve(newAccount("queued"), lim, 10, 500*time.Millisecond, cfg.now(), cfg.now()+mono(time.Second))
 	// A flight that entered the background before Close queues its
 	// reservation after stop.
 	if !bg.Enter() {
 		t.Fatal("background closed")
 	}
-	late := newEntry("late")
+	late := newAccount("late")
 	r := &reservation{n: 4, end: cfg.now() + mono(500*time.Millisecond), step: tokenStep(lim)}
 	rs := &late.extra().pace
 	rs.mu.Lock()

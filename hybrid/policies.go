@@ -124,7 +124,7 @@ func windowAsBucket(l Limit) Limit {
 }
 
 // tier returns e's tier.
-func (p *policyState) tier(e *entry) *tierState { return p.tierAt(e.tier) }
+func (p *policyState) tier(e *account) *tierState { return p.tierAt(e.tier) }
 
 // tierAt returns the tier of index i, the policy's own for an index the
 // policy does not have.
@@ -145,7 +145,7 @@ func (p *policyState) tierOf(name string) uint16 {
 }
 
 // request is the part of a store request that names e's bucket under p.
-func (p *policyState) request(prefix string, e *entry) remote.Request {
+func (p *policyState) request(prefix string, e *account) remote.Request {
 	return p.requestFor(prefix, e.key, e.tier)
 }
 

@@ -117,7 +117,7 @@ func (s *settlement) account(n int, rep reconcile.Report) {
 // owed reports whether anything is owed to the store: outage admissions
 // not yet charged or tokens not yet given back.
 func (s *settlement) owed() bool {
-	return s.keys.any(func(e *entry) bool { return e.debt() != 0 }) || s.queue.Len() > 0
+	return s.keys.any(func(e *account) bool { return e.debt() != 0 }) || s.queue.Len() > 0
 }
 
 // start charges what the outage admitted and gives back queued tokens,
@@ -128,7 +128,7 @@ func (s *settlement) start() (cancel func() []reconcile.Item) {
 	p := s.policy.load()
 	now := s.cfg.now()
 	var items []reconcile.Item
-	s.keys.each(func(e *entry) { items = append(items, s.outage.charges(e, p, now)...) })
+	s.keys.each(func(e *account) { items = append(items, s.outage.charges(e, p, now)...) })
 	items = append(items, s.queue.Take()...)
 	return s.settler.Start(items, func(rep reconcile.Report) {
 		s.account(len(items), rep)
@@ -140,7 +140,7 @@ func (s *settlement) start() (cancel func() []reconcile.Item) {
 // debitItem is the settlement that charges n tokens to e's buckets under
 // p. A debit may exceed Burst after a long outage; the store takes at most
 // MaxBurst per call, which is far above any sane debt.
-func debitItem(prefix string, p *policyState, e *entry, n int64) reconcile.Item {
+func debitItem(prefix string, p *policyState, e *account, n int64) reconcile.Item {
 	req := p.request(prefix, e)
 	req.N = n
 	return reconcile.Item{Op: remote.OpDebit, Req: req}

@@ -190,13 +190,13 @@ func injectFaults(ctx context.Context, t *testing.T, srv *redistest.Server, d ti
 
 // entrySet is the entries one key had in one limiter, in the order seen.
 type entrySet struct {
-	last atomic.Pointer[entry]
+	last atomic.Pointer[account]
 	mu   sync.Mutex
-	all  []*entry
+	all  []*account
 }
 
 // note adds e (nil: none) if it is not the last entry noted.
-func (s *entrySet) note(e *entry) {
+func (s *entrySet) note(e *account) {
 	if e == nil || s.last.Load() == e {
 		return
 	}
@@ -219,7 +219,7 @@ func (s *entrySet) admits() (entries int, admits int64) {
 }
 
 // leaseAdmits is what e's lease admitted: its admissions less its grants'.
-func leaseAdmits(e *entry) int64 {
+func leaseAdmits(e *account) int64 {
 	granted, _ := e.granted()
 	return e.admits.Load() - granted
 }

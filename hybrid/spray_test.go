@@ -110,18 +110,18 @@ func TestBytesPerTrackedKey(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	require.EqualValues(t, len(keys), l.Stats().KeysTracked)
 	per := float64(after.HeapAlloc-before.HeapAlloc) / float64(len(keys))
-	t.Logf("%.0f bytes of heap per tracked key (11-byte keys, table included; entry %d bytes)", per, unsafe.Sizeof(entry{}))
+	t.Logf("%.0f bytes of heap per tracked key (11-byte keys, table included; entry %d bytes)", per, unsafe.Sizeof(account{}))
 	if per > 200 {
 		t.Fatalf("%.0f bytes per tracked key, want ≤ 200", per)
 	}
 	runtime.KeepAlive(keys)
 }
 
-// TestEntrySize: an entry fits the 160-byte size class; what does not
+// TestAccountSize: an account fits the 160-byte size class; what does not
 // belong on every key goes to rareState.
-func TestEntrySize(t *testing.T) {
-	if size := unsafe.Sizeof(entry{}); size > 160 {
-		t.Fatalf("entry is %d bytes, want ≤ 160", size)
+func TestAccountSize(t *testing.T) {
+	if size := unsafe.Sizeof(account{}); size > 160 {
+		t.Fatalf("account is %d bytes, want ≤ 160", size)
 	}
 }
 

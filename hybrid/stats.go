@@ -170,7 +170,7 @@ func (l *Limiter) Stats() Stats {
 	}
 	leaseAdmits := l.keys.evictedAdmits.Load()
 	grantAdmits := l.keys.evictedGrants.Load()
-	l.keys.each(func(e *entry) {
+	l.keys.each(func(e *account) {
 		leaseAdmits += e.admits.Load()
 		grantAdmits += e.grantAdmits()
 		s.OutageDebt += e.debt()

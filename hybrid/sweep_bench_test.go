@@ -52,7 +52,7 @@ func benchSweep(b *testing.B, keys int, cold bool) {
 	}
 	for b.Loop() {
 		b.StopTimer()
-		l.keys.each(func(e *entry) { e.sweepMark = 0 })
+		l.keys.each(func(e *account) { e.sweepMark = 0 })
 		for i := 0; i < len(flush); i += 64 {
 			flush[i]++
 		}

@@ -69,7 +69,7 @@ func drive(ctx context.Context, lims []*Limiter, perLimiter float64, key string,
 // leased tokens and pending reservations.
 func heldTokens(lims []*Limiter) (n int64) {
 	for _, l := range lims {
-		l.keys.each(func(e *entry) {
+		l.keys.each(func(e *account) {
 			n += e.lease.Tokens()
 			n += e.reserved()
 			if h := e.held(); h != nil {
@@ -144,7 +144,7 @@ func testPolicyReduce(t *testing.T, opts ...Option) {
 	// exact bound below has room for it (Σ burst ≤ Burst/2).
 	var holders int64
 	for _, l := range lims {
-		l.keys.each(func(e *entry) {
+		l.keys.each(func(e *account) {
 			if e.held() != nil {
 				holders++
 			}

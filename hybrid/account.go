@@ -11,20 +11,26 @@ import (
 	"github.com/leasehold/leasehold/internal/lease"
 )
 
-// entry is the local state of one key, shared by the concerns that act on
-// it (key table, leaser, outage). Every tracked key has one, so it is kept
-// to 160 bytes (TestEntrySize): what only contended keys, outages and
+// account is everything this process has of one key: its stock (the
+// lease cell, spent lock-free, and its record's term as the cell's
+// expiry), the store's last answer, its demand, and, in rareState, its
+// flow (grantState), its due tokens (reservations), its outage debt
+// (degradedKey) and a window's hold. Its stock and demand counts change
+// only through the methods below (deposit, handOut, unhand, close,
+// drainExpired, cut, missed); the concerns that decide (leaser, capacity,
+// outage, pacer) call them. Every tracked key has one, so it is kept to
+// 160 bytes (TestAccountSize): what only contended keys, outages and
 // corrupt buckets need lives in rareState, allocated on first use. The
 // first fields are the hot path's and are only touched atomically.
-type entry struct {
+type account struct {
 	lease  lease.Cell
 	admits atomic.Int64 // decisions admitted from the lease
 	// sweepMark is owned by the key table's sweep, which runs one pass at
 	// a time: see idleSweep.
 	sweepMark uint16
 	// tier is the index of the key's tier in the policy (policyState.tiers),
-	// fixed when the entry is made: a key that changes tier gets a new
-	// entry.
+	// fixed when the account is made: a key that changes tier gets a new
+	// account.
 	tier      uint16
 	refilling atomic.Bool  // a background refill is running
 	answer    answer       // the store's last answer
@@ -52,7 +58,7 @@ type answer struct {
 	level      atomic.Int64 // -1 before the first answer
 }
 
-// rareState is the part of an entry that most keys never need. Each
+// rareState is the part of an account that most keys never need. Each
 // concern's part is its own type with its own lock.
 type rareState struct {
 	// The bucket's spill mark at the last answer (remote.SpillMark), kept
@@ -72,13 +78,13 @@ type rareState struct {
 	recheckAt    atomicMono   // ask a window again from then; 0: never early
 	corruptUntil atomicMono   // repeat corrupt until then
 
-	// Under entry.mu.
+	// Under account.mu.
 	drain   clock.Timer // takes a window's lease back at its expiry
 	corrupt error       // the store's last ErrCorruptState for the key
 }
 
 // extra returns e's rareState, allocating it on first use.
-func (e *entry) extra() *rareState {
+func (e *account) extra() *rareState {
 	if r := e.rare.Load(); r != nil {
 		return r
 	}
@@ -91,7 +97,7 @@ func (e *entry) extra() *rareState {
 
 // pendingUntil returns when pending reservations next release tokens, 0
 // when none are pending.
-func (e *entry) pendingUntil() mono {
+func (e *account) pendingUntil() mono {
 	if r := e.rare.Load(); r != nil {
 		return r.pace.next.Load()
 	}
@@ -104,7 +110,7 @@ func (e *entry) pendingUntil() mono {
 // lease to n, or, when the reservations hold fewer, the last release plus
 // the time the bucket takes to produce the rest. A caller waits for that
 // rather than ask the store, which would only queue a grant behind them.
-func (e *entry) readyFor(n int64, now mono) mono {
+func (e *account) readyFor(n int64, now mono) mono {
 	r := e.rare.Load()
 	if r == nil || r.pace.next.Load() == 0 {
 		return 0
@@ -113,7 +119,7 @@ func (e *entry) readyFor(n int64, now mono) mono {
 }
 
 // reserved returns the tokens pending reservations still hold.
-func (e *entry) reserved() int64 {
+func (e *account) reserved() int64 {
 	if r := e.rare.Load(); r != nil {
 		return r.pace.held.Load()
 	}
@@ -121,7 +127,7 @@ func (e *entry) reserved() int64 {
 }
 
 // debt returns the tokens admitted in degraded mode not yet charged.
-func (e *entry) debt() int64 {
+func (e *account) debt() int64 {
 	if r := e.rare.Load(); r != nil {
 		return r.down.debt.Load()
 	}
@@ -129,7 +135,7 @@ func (e *entry) debt() int64 {
 }
 
 // takeDebt returns e's outage debt and clears it.
-func (e *entry) takeDebt() int64 {
+func (e *account) takeDebt() int64 {
 	if r := e.rare.Load(); r != nil {
 		return r.down.debt.Swap(0)
 	}
@@ -138,7 +144,7 @@ func (e *entry) takeDebt() int64 {
 
 // live returns the tokens e's lease can still spend at at (see
 // Limiter.spendAt): none once it has expired.
-func (e *entry) live(now mono) int64 {
+func (e *account) live(now mono) int64 {
 	if now == noExpiry {
 		return e.lease.Tokens()
 	}
@@ -146,7 +152,7 @@ func (e *entry) live(now mono) int64 {
 }
 
 // setLowWater sets the low-water mark: a refill starts below it.
-func (e *entry) setLowWater(n int64) { e.lease.SetLowWater(n) }
+func (e *account) setLowWater(n int64) { e.lease.SetLowWater(n) }
 
 // refuse caches a refusal of requests of n tokens or more until until;
 // n is clamped: a request of 2^31 tokens or more is refused like the
@@ -173,7 +179,7 @@ func (a *answer) seen() bool { return a.level.Load() >= 0 }
 // when there is none that holds at now. A sliding window's refusal is
 // trusted only until its recheck time: tokens other processes give back
 // return to the window at once, which its wait cannot foresee.
-func (e *entry) refusedUntil(n int64, now mono) mono {
+func (e *account) refusedUntil(n int64, now mono) mono {
 	if n < int64(e.answer.emptyFor.Load()) {
 		return 0
 	}
@@ -185,8 +191,8 @@ func (e *entry) refusedUntil(n int64, now mono) mono {
 	return e.answer.emptyUntil.Load()
 }
 
-func newEntry(key string) *entry {
-	e := &entry{key: key}
+func newAccount(key string) *account {
+	e := &account{key: key}
 	e.answer.level.Store(-1)
 	return e
 }
@@ -194,7 +200,7 @@ func newEntry(key string) *entry {
 // spend takes n tokens from the lease at now for one decision (see take)
 // and counts the admission; low reports that the lease fell below its
 // low-water mark. Under the default it takes no lock and reads no clock.
-func (e *entry) spend(n int64, now mono) (ok, low bool, left int64) {
+func (e *account) spend(n int64, now mono) (ok, low bool, left int64) {
 	if ok, left = e.take(n, now); ok {
 		e.admits.Add(1)
 		low = left < e.lease.LowWater()
@@ -202,10 +208,124 @@ func (e *entry) spend(n int64, now mono) (ok, low bool, left int64) {
 	return ok, low, left
 }
 
+// deposit puts n granted tokens into the lease, spendable until end, and
+// into the key's books; false, putting nothing, once the lease is closed
+// (eviction, Close): the caller still holds the n tokens.
+func (e *account) deposit(n, end int64) bool {
+	if !e.lease.Add(n, end) {
+		return false
+	}
+	e.inflow.Add(n)
+	return true
+}
+
+// depositBefore is deposit for a sliding window's tokens, which must be
+// spent by expiry: the lease's end only moves earlier while it still
+// holds tokens of an earlier grant. e.mu is held.
+func (e *account) depositBefore(n, expiry int64) bool {
+	if !e.lease.AddBefore(n, expiry) {
+		return false
+	}
+	e.inflow.Add(n)
+	return true
+}
+
+// handOut books hand tokens a store call brought for the callers waiting
+// on it as leased and taken at once: their demand moves from misses to
+// what the lease took in, in an order that never counts it twice (see
+// demand.observe).
+func (e *account) handOut(hand int64) {
+	e.misses.Add(-hand)
+	e.inflow.Add(hand)
+}
+
+// unhand takes back out of the books left tokens handed out that no
+// caller took: their callers' demand goes back to misses.
+func (e *account) unhand(left int64) {
+	e.inflow.Add(-left)
+	e.misses.Add(left)
+}
+
+// admitted counts a decision admitted without the lease (a grant's, or a
+// store call's tokens handed out): activity of the key.
+func (e *account) admitted() { e.admits.Add(1) }
+
+// wait counts n tokens more wanted by callers waiting on a store call
+// (negative: fewer, as they leave).
+func (e *account) wait(n int64) { e.waiting.Add(n) }
+
+// observe samples the key's demand at now and returns the fast-attack
+// rate, with when the open sample window began before this sample and
+// whether any had (see demand).
+func (e *account) observe(now mono) (rate float64, last mono, seen bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	last, seen = e.demand.observed()
+	return e.demand.observe(now, e.demandCount()), last, seen
+}
+
+// missed counts n tokens asked for that the lease could not give: the
+// key's demand beyond what it spent.
+func (e *account) missed(n int64) { e.misses.Add(n) }
+
+// refund puts back n tokens a settled charge took from the lease and did
+// not use, spendable until end: out of what was spent, not into what was
+// leased. False once the lease is closed.
+func (e *account) refund(n, end int64) bool { return e.lease.Add(n, end) }
+
+// refundUnder is refund for a stock lease: only while the lease's end is
+// still end, the record's term that counted the tokens, and before it
+// (now).
+func (e *account) refundUnder(n int64, end, now mono) bool {
+	e.mu.Lock() // the lease's end moves under it (leaser.extendHeld)
+	defer e.mu.Unlock()
+	return mono(e.lease.Expiry()) == end && now < end && e.lease.Add(n, int64(end))
+}
+
+// extendTo moves the lease's end to end (a record's new term) and
+// reports whether the lease is still open. e.mu is held.
+func (e *account) extendTo(end int64) bool { return e.lease.Add(0, end) }
+
+// close closes the lease for good and takes its unspent tokens out of the
+// books; again reports that it was closed already.
+func (e *account) close() (n int64, again bool) {
+	e.mu.Lock()
+	again = e.lease.Closed()
+	n = e.lease.Close()
+	e.mu.Unlock()
+	e.inflow.Add(-n)
+	return n, again
+}
+
+// drainExpired takes the lease's tokens out if it expired at or before
+// now, and returns how many.
+func (e *account) drainExpired(now mono) int64 {
+	// An expired lease stays expired until the next grant: most of the
+	// keys a sweep visits hold an empty one, which needs no lock.
+	if mono(e.lease.Expiry()) > now || e.lease.Tokens() == 0 {
+		return 0
+	}
+	e.mu.Lock()
+	n := e.lease.DrainExpired(int64(now))
+	e.mu.Unlock()
+	e.inflow.Add(-n)
+	return n
+}
+
+// cut trims the lease to at most keep tokens and returns how many it
+// took out.
+func (e *account) cut(keep int64) int64 {
+	e.mu.Lock()
+	n := e.lease.Cut(keep)
+	e.mu.Unlock()
+	e.inflow.Add(-n)
+	return n
+}
+
 // take takes n tokens from the lease at now: a now of noExpiry takes
 // whatever its expiry (a plain lease, which the sweep drains), any other
 // only before it (a stock lease, whose record counts it until then).
-func (e *entry) take(n int64, now mono) (ok bool, left int64) {
+func (e *account) take(n int64, now mono) (ok bool, left int64) {
 	if now == noExpiry {
 		return e.lease.Take(n)
 	}
@@ -240,7 +360,7 @@ func (a *answer) remaining(lim Limit, left int64, now mono) int64 {
 // corruption returns the store's cached ErrCorruptState answer for the
 // key and how long it stays cached, or nil: a clobbered bucket costs one
 // store call per lease TTL, not one per decision.
-func (e *entry) corruption(now mono) (time.Duration, error) {
+func (e *account) corruption(now mono) (time.Duration, error) {
 	r := e.rare.Load()
 	if r == nil {
 		return 0, nil
@@ -255,7 +375,7 @@ func (e *entry) corruption(now mono) (time.Duration, error) {
 }
 
 // setCorrupt caches err, an ErrCorruptState answer, until `until`.
-func (e *entry) setCorrupt(err error, until mono) {
+func (e *account) setCorrupt(err error, until mono) {
 	r := e.extra()
 	e.mu.Lock()
 	r.corrupt = err
@@ -265,7 +385,7 @@ func (e *entry) setCorrupt(err error, until mono) {
 
 // consumed is the tokens spent from the lease so far: every token that
 // entered the cell either was spent, was drained, or is still there.
-func (e *entry) consumed() int64 {
+func (e *account) consumed() int64 {
 	return e.inflow.Load() - e.lease.Tokens()
 }
 
@@ -274,7 +394,7 @@ func (e *entry) consumed() int64 {
 // The lease sizing and grant renewals both observe it; a count that
 // differed between them made the estimate jump at every renewal
 // (TestDemandIsCountedOneWay).
-func (e *entry) demandCount() int64 {
+func (e *account) demandCount() int64 {
 	_, granted := e.granted()
 	return e.consumed() + e.misses.Load() + granted
 }
@@ -286,7 +406,7 @@ func (e *entry) demandCount() int64 {
 // whose activity between two sweeps is a multiple of 4 096 looks idle to
 // that sweep; eviction takes 8 idle sweeps in a row, and never takes a
 // busy key.)
-func (e *entry) idleSweep(activity int64, busy bool) int {
+func (e *account) idleSweep(activity int64, busy bool) int {
 	const idleBits = 4 // counts to idleSweepsBeforeEvict
 	mark := uint16(activity) << idleBits
 	if busy || e.sweepMark>>idleBits != mark>>idleBits {
@@ -303,20 +423,20 @@ func (e *entry) idleSweep(activity int64, busy bool) int {
 // out or callers waiting on one (what it brings is deposited into e: an
 // entry forgotten meanwhile takes it out of use, TestKeyWithACallInFlightIsKept),
 // outage debt or a cached "empty until" answer.
-func (e *entry) busy(now mono) bool {
+func (e *account) busy(now mono) bool {
 	return e.lease.Tokens() > 0 || e.pendingUntil() != 0 || e.refilling.Load() || e.debt() != 0 ||
 		e.callSince.Load() != 0 || e.waiting.Load() != 0 ||
 		e.answer.emptyUntil.Load() > now || e.held() != nil
 }
 
 // use is the key's demand in this process as a share of lim's rate.
-func (e *entry) use(lim Limit) float64 { return ofRate(lim, e.demand.rate) }
+func (e *account) use(lim Limit) float64 { return ofRate(lim, e.demand.rate) }
 
 // steadyUse is use by the key's steady demand (demand.mean): what a
 // process can be counted on to spend over a grant's line. Before the
 // first sample (a key drained within minSample) there is only the fast
 // estimate. e.mu is held.
-func (e *entry) steadyUse(lim Limit) float64 {
+func (e *account) steadyUse(lim Limit) float64 {
 	if e.demand.mean == 0 {
 		return e.use(lim)
 	}
@@ -390,7 +510,7 @@ func (d *demand) observe(now mono, count int64) float64 {
 // whose bucket held less than maxLease (one that others draw too, where a
 // partition's excess must be paid back). A full bucket spills anyway, and
 // its debits charge their unpaid part.
-func (e *entry) mark(m remote.SpillMark, remaining, maxLease int64) {
+func (e *account) mark(m remote.SpillMark, remaining, maxLease int64) {
 	r := e.rare.Load()
 	if r == nil {
 		if m.Born == 0 || remaining >= maxLease {
@@ -403,7 +523,7 @@ func (e *entry) mark(m remote.SpillMark, remaining, maxLease int64) {
 }
 
 // lastMark is the spill mark of the last answer kept (zero: none).
-func (e *entry) lastMark() remote.SpillMark {
+func (e *account) lastMark() remote.SpillMark {
 	if r := e.rare.Load(); r != nil {
 		return remote.SpillMark{Born: r.markBorn.Load(), Spill: r.markSpill.Load()}
 	}
