@@ -154,4 +154,3 @@ func progressLine(w io.Writer, name string) func(done, total time.Duration) {
 		}
 	}
 }
-
