@@ -469,6 +469,9 @@ func (c *capacity) askWithin(e *account, timeout time.Duration) {
 		c.fleet.recount(c.bg.Ctx, p.Name, c.cfg.now(), recountWithin)
 	}
 	req := c.request(e, p, cur)
+	if cur != nil && req.Burst < cur.bucket.Limit().Burst {
+		cur = c.shrink(g, cur, req.Burst)
+	}
 	sent := c.cfg.now()
 	ctx, cancel := context.WithTimeout(c.bg.Ctx, timeout)
 	gr, err := c.store.Grant(ctx, req)
@@ -715,6 +718,24 @@ func (c *capacity) install(e *account, p *policyState, cur *holding, g remote.Gr
 		return false
 	}
 	return true
+}
+
+// shrink caps the grant h to a local burst of b before a renewal asks the
+// store for no more (remote.GrantRequest.Burst): the store gives the rest
+// of the room back to the bucket as the call lands, when this process can
+// no longer spend it. A fleet that grew keeps its first holders' bursts
+// otherwise, and a process that joined a key whose holders took all of
+// Burst got no grant, while the rate they gave up refilled a bucket with
+// no room (a fifth process admitted nothing for 8 s in the simulator,
+// TestLatecomerGetsItsShare).
+func (c *capacity) shrink(g *grantState, h *holding, b int64) *holding {
+	nb, err := h.bucket.Resize(int64(c.cfg.now()), b)
+	if err != nil {
+		return h
+	}
+	n := &holding{bucket: nb, share: h.share, until: h.until, version: h.version}
+	g.replace(n)
+	return n
 }
 
 // replace installs h (nil: none) as the key's grant and returns the one

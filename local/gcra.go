@@ -130,6 +130,32 @@ func (b *Bucket) Drain(now int64) int64 {
 	}
 }
 
+// Resize drains b at now and returns a bucket of b's rate and the given
+// burst that holds what b held, at most burst, and owes what b owed: a
+// take racing with it gets its tokens from b or from the new bucket,
+// never both. A holder of a capacity grant gives up part of its burst
+// this way before it tells the store.
+func (b *Bucket) Resize(now, burst int64) (*Bucket, error) {
+	nb, err := NewBucket(Limit{Rate: b.lim.Rate, Period: b.lim.Period, Burst: burst})
+	if err != nil {
+		return nil, err
+	}
+	empty := now + int64(b.lim.floorDuration(b.lim.Burst))
+	for {
+		tat := b.tat.Load()
+		n := b.remaining(max(tat-now, 0))
+		if !b.tat.CompareAndSwap(tat, max(tat, empty)) {
+			continue
+		}
+		if debt := tat - empty; debt > 0 {
+			nb.tat.Store(now + int64(nb.lim.floorDuration(burst)) + debt)
+		} else {
+			nb.SetTokens(now, n)
+		}
+		return nb, nil
+	}
+}
+
 // Owe takes up to n tokens at now whatever the bucket holds, going into
 // debt that its refill pays before it admits again, but no further than
 // its refill pays by the time by: a take after by finds the bucket at

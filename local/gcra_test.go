@@ -325,3 +325,61 @@ func TestOweGoesIntoDebtNoFurtherThanBy(t *testing.T) {
 		})
 	}
 }
+
+// TestResizeKeepsTokensAndDebt: a resized bucket holds what the old one
+// held, at most its new burst, owes what the old one owed, refills at the
+// same rate to its new burst, and the old one admits nothing more.
+func TestResizeKeepsTokensAndDebt(t *testing.T) {
+	t.Parallel()
+	ms := int64(time.Millisecond)
+	for _, tc := range []struct {
+		name      string
+		spent     int64 // taken at 0 (Owe past the burst: debt)
+		burst     int64 // the new burst
+		want      int64 // tokens the new bucket holds at 0
+		firstTake int64 // ms after 0 when one token is admitted again, if want is 0
+	}{
+		{"shrunk below what it holds", 1, 5, 5, 0},
+		{"shrunk above what it holds", 6, 5, 4, 0},
+		{"grown", 2, 20, 8, 0},
+		{"in debt", 14, 5, 0, 500}, // 4 tokens of debt: 400 ms, then 100 ms for one
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := NewBucket(Limit{Rate: 10, Period: time.Second, Burst: 10}) // 100 ms a token
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := b.Owe(0, 10_000*ms, tc.spent); got != tc.spent {
+				t.Fatalf("Owe(0, %d) took %d", tc.spent, got)
+			}
+			nb, err := b.Resize(0, tc.burst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := nb.Tokens(0); got != tc.want {
+				t.Fatalf("the resized bucket holds %d, want %d", got, tc.want)
+			}
+			if r, _ := b.TakeAt(0, 1); r.Allowed {
+				t.Fatal("the old bucket admitted after Resize")
+			}
+			if nb.Limit().Burst != tc.burst || nb.Tokens(int64(time.Hour)) != tc.burst {
+				t.Fatalf("the resized bucket's burst is %d, refilled %d; want %d", nb.Limit().Burst, nb.Tokens(int64(time.Hour)), tc.burst)
+			}
+			if tc.want == 0 {
+				first := int64(-1)
+				for at := int64(0); at <= 2000*ms; at += ms {
+					if r, _ := nb.TakeAt(at, 1); r.Allowed {
+						first = at / ms
+						break
+					}
+				}
+				if first != tc.firstTake {
+					t.Fatalf("first admission %d ms after the resize, want %d", first, tc.firstTake)
+				}
+			}
+		})
+	}
+	if _, err := (&Bucket{lim: Limit{Rate: 10, Period: time.Second, Burst: 10}}).Resize(0, 0); !errors.Is(err, ErrInvalidLimit) {
+		t.Fatalf("Resize to burst 0: %v, want ErrInvalidLimit", err)
+	}
+}

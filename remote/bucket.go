@@ -436,6 +436,12 @@ func (st *state) grant(r *Request, now micros) (share, burst, tokens int64) {
 		offer = half // half the rate goes to paying a debt
 	}
 	counted := max(offer, min(g.running, x.share))
+	if g.burst > 0 && g.burst < x.burst {
+		// The holder gave the rest of its burst up before it asked (see
+		// GrantRequest.Burst): the room is the bucket's again.
+		b -= x.burst - g.burst
+		x.burst = g.burst
+	}
 	if grow := min(g.burst-x.burst, st.burst-b); grow > 0 {
 		tokens = min(grow, max(st.level, 0))
 		st.level -= tokens

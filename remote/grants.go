@@ -74,9 +74,13 @@ type GrantRequest struct {
 	// Running is the share the holder spends at now: its last grant's
 	// Share, 0 for a new grant. The store counts the holder at no less.
 	Running int64
-	// Burst is the local burst a new grant asks for (at least 1); the
-	// store gives at most what the bucket holds. A renewal keeps the
-	// burst the grant was created with.
+	// Burst is the local burst the grant asks for (at least 1): a new one,
+	// or a renewal's up to it, is given while the grants' bursts fit the
+	// bucket's Burst. A renewal asking less than its grant has gives the
+	// rest up: the holder must have capped its own spending to Burst
+	// before it sent the call (local.Bucket.Resize), so that a process
+	// joining a key whose holders took all of Burst is not kept out of
+	// flow for good.
 	Burst int64
 	// Term is how long the grant lasts from the call, by the store's
 	// clock.

@@ -513,8 +513,11 @@ elseif op == 'grant' then
     local half = math.floor(alloc / 2)
     if offer > half and s.owed > math.floor(s.burst / 8) then offer = half end
     local counted = math.max(offer, math.min(running, cur))
-    -- The grant's burst grows to what was asked while the grants' bursts
-    -- fit Burst; the tokens it takes from the level are the holder's.
+    -- A holder asking for less burst than it has gave the rest up
+    -- before it asked: the room is the bucket's again. The grant's
+    -- burst grows to what was asked while the grants' bursts fit Burst;
+    -- the tokens it takes from the level are the holder's.
+    if gburst > 0 and gburst < mine.b then B = B - (mine.b - gburst); mine.b = gburst end
     local grow = math.min(gburst - mine.b, s.burst - B)
     local tokens = 0
     if grow > 0 then

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"testing"
+)
+
+// TestLatecomerGetsItsShare: 4 processes hold flow on a key at twice its
+// limit; a fifth joins at 10 s. Within 4 s (a heartbeat to count it, then
+// the holders' renewals) it must admit at least 80% of the others' mean a
+// second, and the fleet the limit: the holders give up the part of their
+// bursts an even part of five leaves them. Holders kept the bursts they
+// took as four, and the fifth got no grant and no stock for the rest of
+// the run (0 admitted in 8 s), while the others admitted 800 of 1 000 a
+// second.
+func TestLatecomerGetsItsShare(t *testing.T) {
+	s, err := parseScenario("latecomer.json", []byte(`{
+  "name": "latecomer", "duration_s": 20, "seed": 11, "processes": 4,
+  "policy": {"name": "api", "rate": 1000, "period_ms": 1000, "burst": 200},
+  "latency_ms": {"base": 0.3, "jitter": 0.4},
+  "traffic": [{"rate_per_s": 500, "pattern": "poisson"}],
+  "events": [{"kind": "join", "at_s": 10, "count": 1}]
+}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := run(s, s.Seed, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for sec := 10; sec < 16; sec++ {
+		row := rec.perSecond[sec]
+		t.Logf("second %d: %v", sec, row)
+	}
+	for sec := 14; sec < 20; sec++ {
+		row := rec.perSecond[sec]
+		if len(row) < 5 {
+			t.Fatalf("second %d: %d processes admitted, want 5", sec, len(row))
+		}
+		var others int64
+		for _, n := range row[:4] {
+			others += n
+		}
+		if mean := float64(others) / 4; float64(row[4]) < 0.8*mean {
+			t.Errorf("second %d: the latecomer admitted %d against the others' mean %.0f", sec, row[4], mean)
+		}
+		if all := others + row[4]; all < 950 {
+			t.Errorf("second %d: the fleet admitted %d of the limit's 1 000", sec, all)
+		}
+	}
+}
