@@ -209,9 +209,12 @@ func TestColdDecisionAllocations(t *testing.T) {
 	l, err := New(remote.NewRedis(c), p, quiet, WithStoreTimeout(time.Minute))
 	require.NoError(t, err)
 	defer l.Close(context.Background())
-	// The fewest of 3 batches (allocs.Fewest): one batch of 500 read 16
-	// under a fresh clone's make test, 15 whenever run alone.
-	const batches, runs = 3, 300
+	// The fewest of 6 batches (allocs.Fewest): one batch of 500 read 16
+	// under a fresh clone's make test, 15 whenever run alone; 16 alone
+	// since, and the fewest of 3 batches of 300 read 17 once under make
+	// test's load (at d4a3929 as now: 16 alone; what allocates more under
+	// load is not found yet).
+	const batches, runs = 6, 300
 	const calls = batches * (runs + 1)
 	keys := make([]string, 2*calls)
 	for i := range keys {
