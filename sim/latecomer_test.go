@@ -27,7 +27,7 @@ func TestLatecomerGetsItsShare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for sec := 10; sec < 16; sec++ {
+	for sec := 10; sec < 20; sec++ {
 		row := rec.perSecond[sec]
 		t.Logf("second %d: %v", sec, row)
 	}
