@@ -469,9 +469,7 @@ func (c *capacity) askWithin(e *account, timeout time.Duration) {
 		c.fleet.recount(c.bg.Ctx, p.Name, c.cfg.now(), recountWithin)
 	}
 	req := c.request(e, p, cur)
-	if cur != nil && req.Burst < cur.bucket.Limit().Burst {
-		cur = c.shrink(g, cur, req.Burst)
-	}
+	cur = c.shrink(g, cur, req.Burst)
 	sent := c.cfg.now()
 	ctx, cancel := context.WithTimeout(c.bg.Ctx, timeout)
 	gr, err := c.store.Grant(ctx, req)
@@ -729,6 +727,9 @@ func (c *capacity) install(e *account, p *policyState, cur *holding, g remote.Gr
 // no room (a fifth process admitted nothing for 8 s in the simulator,
 // TestLatecomerGetsItsShare).
 func (c *capacity) shrink(g *grantState, h *holding, b int64) *holding {
+	if h == nil || b >= h.bucket.Limit().Burst {
+		return h
+	}
 	nb, err := h.bucket.Resize(int64(c.cfg.now()), b)
 	if err != nil {
 		return h

@@ -312,18 +312,23 @@ func TestOweGoesIntoDebtNoFurtherThanBy(t *testing.T) {
 			if got := b.Owe(0, tc.by, tc.owe); got != tc.want {
 				t.Fatalf("Owe(0, %v, %d) = %d, want %d", time.Duration(tc.by), tc.owe, got, tc.want)
 			}
-			first := int64(-1)
-			for at := int64(0); at <= 2000*ms; at += ms {
-				if r, _ := b.TakeAt(at, 1); r.Allowed {
-					first = at / ms
-					break
-				}
-			}
-			if first != tc.firstTake {
+			if first := firstAdmission(b); first != tc.firstTake {
 				t.Fatalf("first token admitted at %d ms, want %d", first, tc.firstTake)
 			}
 		})
 	}
+}
+
+// firstAdmission takes one token from b at each millisecond from 0 and
+// returns the first millisecond it was admitted, -1 if none by 2 s.
+func firstAdmission(b *Bucket) int64 {
+	ms := int64(time.Millisecond)
+	for at := int64(0); at <= 2000*ms; at += ms {
+		if r, _ := b.TakeAt(at, 1); r.Allowed {
+			return at / ms
+		}
+	}
+	return -1
 }
 
 // TestResizeKeepsTokensAndDebt: a resized bucket holds what the old one
@@ -366,14 +371,7 @@ func TestResizeKeepsTokensAndDebt(t *testing.T) {
 				t.Fatalf("the resized bucket's burst is %d, refilled %d; want %d", nb.Limit().Burst, nb.Tokens(int64(time.Hour)), tc.burst)
 			}
 			if tc.want == 0 {
-				first := int64(-1)
-				for at := int64(0); at <= 2000*ms; at += ms {
-					if r, _ := nb.TakeAt(at, 1); r.Allowed {
-						first = at / ms
-						break
-					}
-				}
-				if first != tc.firstTake {
+				if first := firstAdmission(nb); first != tc.firstTake {
 					t.Fatalf("first admission %d ms after the resize, want %d", first, tc.firstTake)
 				}
 			}

@@ -436,17 +436,7 @@ func (st *state) grant(r *Request, now micros) (share, burst, tokens int64) {
 		offer = half // half the rate goes to paying a debt
 	}
 	counted := max(offer, min(g.running, x.share))
-	if g.burst > 0 && g.burst < x.burst {
-		// The holder gave the rest of its burst up before it asked (see
-		// GrantRequest.Burst): the room is the bucket's again.
-		b -= x.burst - g.burst
-		x.burst = g.burst
-	}
-	if grow := min(g.burst-x.burst, st.burst-b); grow > 0 {
-		tokens = min(grow, max(st.level, 0))
-		st.level -= tokens
-		x.burst += grow
-	}
+	tokens = st.fitBurst(x, g.burst, b)
 	if x.burst < 1 {
 		offer, counted = 0, 0 // no burst left to give: a share could not be spent
 	}
@@ -454,6 +444,24 @@ func (st *state) grant(r *Request, now micros) (share, burst, tokens int64) {
 	burst = x.burst
 	slices.SortStableFunc(st.grants, func(a, b grantRec) int { return cmp.Compare(a.exp, b.exp) })
 	return offer, burst, tokens
+}
+
+// fitBurst sets x's local burst to want as far as the grants' bursts (b,
+// x's included) leave room, and returns the tokens a growth takes from
+// the level for the holder. A holder asking less than it has gave the rest
+// up before it asked (see GrantRequest.Burst): the room is the bucket's
+// again.
+func (st *state) fitBurst(x *grantRec, want, b int64) (tokens int64) {
+	if want > 0 && want < x.burst {
+		b -= x.burst - want
+		x.burst = want
+	}
+	if grow := min(want-x.burst, st.burst-b); grow > 0 {
+		tokens = min(grow, max(st.level, 0))
+		st.level -= tokens
+		x.burst += grow
+	}
+	return tokens
 }
 
 // lease decides a lease on the refilled bucket: n if there, else the level
