@@ -255,7 +255,7 @@ func TestReferenceBehaviours(t *testing.T) {
 // TestDescriptorHits: a descriptor's own hits_addend overrides the
 // request's, 0 included: 0 only checks.
 func TestDescriptorHits(t *testing.T) {
-	client, _, _ := newServer(t, refConfig)
+	client, srv, _ := newServer(t, refConfig)
 	ask := func(hits *wrapperspb.UInt64Value) *rlsv3.RateLimitResponse {
 		d := desc("database", "users")
 		d.HitsAddend = hits
@@ -269,6 +269,23 @@ func TestDescriptorHits(t *testing.T) {
 		if r := ask(wrapperspb.UInt64(0)); r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 			t.Fatalf("a check refused: %v", r)
 		}
+	}
+	// A check the store decided (before the replica held a lease) gives
+	// its hit back to the store in the background: wait until the store
+	// has every such hit back, as a later request a round trip on would.
+	lim := srv.Limiters()["rls:mongo_cps:database_users:5/second"]
+	if lim == nil {
+		t.Fatalf("no limiter for database=users in %v", srv.Limiters())
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		st := lim.Stats()
+		if st.TokensReturned >= st.Source(hybrid.SourceRemote).Admitted {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("checks the store decided: %d, hits back in the store: %d", st.Source(hybrid.SourceRemote).Admitted, st.TokensReturned)
+		}
+		time.Sleep(time.Millisecond) // polling, with the deadline above
 	}
 	if r := ask(wrapperspb.UInt64(5)); r.GetOverallCode() != rlsv3.RateLimitResponse_OK || r.GetStatuses()[0].GetLimitRemaining() != 0 {
 		t.Fatalf("5 hits after 10 checks: %v", r)
