@@ -138,10 +138,14 @@ func testPolicyReduce(t *testing.T, opts ...Option) {
 			t.Errorf("limiter %d on %+v, want version 2", i, got)
 		}
 	}
-	// A grant spends by a GCRA, which admits one request every 1/r: a
-	// window closed at both ends sees one more than r·w of each holder's
-	// (8 holders at 6.25/s: 7 each, 56 in a 1 s window under 50/s). The
-	// exact bound below has room for it (Σ burst ≤ Burst/2).
+	// What the fleet may admit in a window after the change is the new
+	// exact bound plus what the old policy had handed out and the fleet
+	// still held: the bucket's level, the stock records and the grants'
+	// bursts together are at most the new Burst once every holder follows
+	// the change. Under 3× demand the bucket is dry and each of 8 grants'
+	// GCRAs at 6.25/s admits 7 in a closed 1 s window (56); a starved
+	// machine's driver lets the bucket fill a little between stock asks
+	// (59 once under make test), still far within the bound.
 	var holders int64
 	for _, l := range lims {
 		l.keys.each(func(e *account) {
@@ -150,8 +154,9 @@ func testPolicyReduce(t *testing.T, opts ...Option) {
 			}
 		})
 	}
-	if int64(first) > newLim.Rate+held+holders {
-		t.Errorf("a 1 s window after the change admitted %d > 50 + held %d + %d holders", first, held, holders)
+	t.Logf("%d holders at the end", holders)
+	if bound := newLim.Burst + newLim.TokensIn(time.Second) + held; int64(first) > bound {
+		t.Errorf("a 1 s window after the change admitted %d > the new exact bound + held %d", first, bound)
 	}
 	if bound := newLim.Burst + newLim.TokensIn(time.Second); int64(settled) > bound {
 		t.Errorf("a 1 s window one TTL after the change admitted %d > new exact bound %d", settled, bound)
