@@ -592,11 +592,16 @@ func (ls *leaser) cacheRefusal(e *account, p *policyState, need int64, retry tim
 	refused, until := max(need, 1), now.add(retry)
 	if ls.stock(p) && e.flowing(now) {
 		refused = 1 // it asked for a whole lease (see request)
-		// Grants hold the rate until a renewal divides it again: the
-		// store's wait then is its own guess (a second), and a call
-		// each second from every holder at the limit was 2 of its 3
-		// store calls per 1 000 admitted.
-		until = max(until, e.extra().grant.nextAt.Load())
+		if retry >= grantsHoldAll {
+			// Grants hold the rate until a renewal divides it again: the
+			// store's wait then is its own guess (a second), and a call
+			// each second from every holder at the limit was 2 of its 3
+			// store calls per 1 000 admitted. A shorter wait is the
+			// refill the grants leave the bucket: asked again then,
+			// not at the renewal, its tokens serve the demand the flow
+			// does not (flow is asked below demand).
+			until = max(until, e.extra().grant.nextAt.Load())
+		}
 	}
 	e.answer.refuse(refused, until)
 	if p.hold > 0 {
@@ -605,6 +610,11 @@ func (ls *leaser) cacheRefusal(e *account, p *policyState, need int64, retry tim
 	}
 	return retry
 }
+
+// grantsHoldAll is the store's wait for a lease on a dry bucket from
+// which the grants leave no refill: its own guess, a second (at most the
+// first grant's end).
+const grantsHoldAll = 500 * time.Millisecond
 
 // granted puts the tokens of a reply that granted some where they belong:
 // a sliding window's lease until its hold, a stock lease until its
