@@ -338,3 +338,28 @@ func TestFlowAskRidesTheLeaseCall(t *testing.T) {
 	l.Allow(ctx, "k")
 	eventually(t, "the flow", func() bool { return e.held() != nil })
 }
+
+// TestSlowPathCountsDemandOnce: a request the lease cannot serve is
+// counted in the key's demand as asked for; when a lease call then fills
+// the lease and the request spends from it (a sliding window's lease, or
+// a lease another caller's call brought), that spending must replace the
+// first count, not add to it. Counted twice, 4 processes at 0.9× a key's
+// limit measured more than their demand.
+func TestSlowPathCountsDemandOnce(t *testing.T) {
+	w := newFakeWorld()
+	l := w.limiter(t, Policy{Name: "once", Limit: Limit{Rate: 200, Period: time.Second, Burst: 200}, Algorithm: SlidingWindow}, WithFleetSize(4))
+	ctx := context.Background()
+	require.True(t, l.Allow(ctx, "k"))
+	e := l.keys.load("k")
+	for i := range 20 {
+		w.clk.Advance(100 * time.Millisecond)
+		e.lease.Drain() // the next request takes the slow path
+		before := e.demandCount()
+		d, err := l.AllowN(ctx, "k", 3)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "request %d: %+v", i, d)
+		if got := e.demandCount() - before; got != 3 {
+			t.Fatalf("request %d of 3 tokens, served by a lease call: demand counted %d", i, got)
+		}
+	}
+}

@@ -227,16 +227,27 @@ func (l *Limiter) allowSlow(ctx context.Context, key string, n int64) (Decision,
 	for round := 0; ; round++ {
 		p = l.policy.load() // a store reply may have brought a newer policy
 		now := l.cfg.now()
+		// After round 0 counted n as asked for, the lease and the grant
+		// count it again as they decide: once is the demand
+		// (TestSlowPathCountsDemandOnce).
 		if ok, left := l.leaser.spend(e, n, l.cfg.spendAtNow(now)); ok {
+			if round > 0 {
+				e.missed(-n)
+			}
 			return l.admit(e, p, left, round > 0), nil
 		}
 		if d, ok := l.fromGrant(e, p, n, now, false); ok {
+			if round > 0 {
+				e.missed(-n)
+			}
 			return d, nil
 		}
 		if d, ok, err := l.decideWithoutStore(e, p, n, now, round); ok {
 			return d, err
 		}
-		e.missed(n)
+		if round == 0 {
+			e.missed(n)
+		}
 		e.wait(n)
 		out, err := l.leaser.fetch(ctx, e, n)
 		e.wait(-n)
