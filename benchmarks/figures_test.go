@@ -489,11 +489,22 @@ func (c *cutStore) SetPolicy(ctx context.Context, prefix, name string, rec remot
 	return c.RedisStore.SetPolicy(ctx, prefix, name, rec)
 }
 
-// partitionFigures: 6 limiters of 1 000/s burst 100 at 2× demand; 2 of
+// partitionFigures: 6 limiters of 1 000/s burst 100 at 2× and 1.2× demand; 2 of
 // them lose the store for 10 s while the rest keep it. It reports what
 // the fleet admitted during the cut against Burst + Rate·10 s, its worst
 // 1 s window, and the admissions in the 3 s after the heal.
 func partitionFigures(t *testing.T, srv *redistest.Server) []figure {
+	// 2×: the key far over its limit; 1.2×: just over it, where a
+	// process's own demand is about an even part of the rate.
+	var rows []figure
+	for _, f := range []float64{2, 1.2} {
+		rows = append(rows, partitionFigure(t, srv, f))
+	}
+	return rows
+}
+
+// partitionFigure is partitionFigures' row at demand f times the limit.
+func partitionFigure(t *testing.T, srv *redistest.Server, f float64) figure {
 	ctx := context.Background()
 	p := hybrid.Policy{Name: fmt.Sprintf("partition-%d", time.Now().UnixNano()), Limit: hybrid.Limit{Rate: 1000, Period: time.Second, Burst: 100}}
 	var cuts []*cutStore
@@ -516,8 +527,8 @@ func partitionFigures(t *testing.T, srv *redistest.Server) []figure {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// 2× demand: 2 000/s over 6 limiters.
-			tick := time.NewTicker(3 * time.Millisecond)
+			// f× demand: 1 000·f a second over 6 limiters.
+			tick := time.NewTicker(time.Duration(6 / (f * 1000) * float64(time.Second)))
 			defer tick.Stop()
 			for time.Since(start) < warm+cut+after {
 				<-tick.C
@@ -552,10 +563,10 @@ func partitionFigures(t *testing.T, srv *redistest.Server) []figure {
 		}
 	}
 	bound := p.Limit.Burst + p.Limit.Rate*int64(cut/time.Second)
-	return []figure{{"2 of 6 limiters cut off 10 s, 1 000/s burst 100, 2× demand",
+	return figure{fmt.Sprintf("2 of 6 limiters cut off 10 s, 1 000/s burst 100, %g× demand", f),
 		fmt.Sprintf("%d admitted during the cut against %d (%+.1f%%), worst 1 s window %d against %d; %d in the 3 s after the heal (%d allowed)",
 			during, bound, 100*(float64(during)/float64(bound)-1), worst, p.Limit.Burst+p.Limit.Rate, post, 3*p.Limit.Rate),
-		"≤ +1%, nothing to pay back"}}
+		"≤ +1%, nothing to pay back"}
 }
 
 // TestWindowExcess: the audit finds a window over Burst + Rate·w between
