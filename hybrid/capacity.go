@@ -108,6 +108,7 @@ type grantState struct {
 	// until then, its next ask (see grantWait).
 	waitUntil atomicMono
 	hotFrom   atomicMono   // 1 + when demand rose above the threshold; 0: below
+	drySince  atomicMono   // 1 + since when the store's answers found the bucket dry; 0: not dry
 	timer     clock.Timer  // the next renewal; under account.mu
 	nextAt    atomicMono   // when the next renewal is due
 	answers   atomic.Int32 // grant calls answered since the key began asking
@@ -192,7 +193,20 @@ func (c *capacity) consider(e *account, p *policyState, rate float64, now mono) 
 			g.hotFrom.Store(0)
 			return
 		}
-		if e.held() == nil && e.answer.seen() && e.answer.level.Load() <= 0 && mean >= stockFlowOver*even {
+		// Far over an even part, flow is asked as soon as the bucket
+		// comes back dry; from an even part, once it has stayed dry for
+		// stockFlowDryFor. A process's demand estimate swings past an
+		// even part below a key's limit, and flow taken then splits the
+		// bucket's burst into grants' (see stockFlowAtOnce).
+		dry := e.answer.seen() && e.answer.level.Load() <= 0
+		switch {
+		case !dry:
+			g.drySince.Store(0)
+		case g.drySince.Load() == 0:
+			g.drySince.Store(now + 1)
+		}
+		over := mean >= stockFlowAtOnce*even || mean >= stockFlowOver*even && now.sub(g.drySince.Load()-1) >= stockFlowDryFor
+		if e.held() == nil && dry && over {
 			if g.hotFrom.Load() == 0 {
 				g.hotFrom.Store(now + 1)
 			}
@@ -651,6 +665,20 @@ const minGrantFleet = 4
 // bucket that was not dry (sim TestCallsByKind: 82% at the limit, 85%
 // wanted); 1.25 and above gained nothing.
 const stockFlowHeadroom = 0.8
+
+// stockFlowAtOnce is how many even parts of the rate a process's demand
+// must be for flow as soon as its bucket comes back dry under stock
+// records; from stockFlowOver even parts, the bucket must have stayed dry
+// for stockFlowDryFor. Flow at once from an even part split the burst of
+// keys below their limit: a utilization fleet admitted 0.749, 0.784 and
+// 0.813 of the bound at 0.9, 1 and 1.1× demand, 0.799, 0.826 and 0.829
+// with the wait (make figures), while a key at its limit, whose bucket
+// stays dry, still makes 9.6 EVAL per 1 000 admitted, and 2 of 6
+// processes cut off at 1.2× demand admit 3.5% under the bound.
+const (
+	stockFlowAtOnce = 3.0
+	stockFlowDryFor = 300 * time.Millisecond
+)
 
 // stockFlowOver is how far above an even part of the rate a process's
 // demand must be for flow under stock records, on a key whose bucket came

@@ -213,31 +213,37 @@ func TestStockServesWhatFlowCannot(t *testing.T) {
 
 // TestStockAsksForFlowAtTheLimit: under stock records a key asks for flow
 // only when its bucket came back dry and this process's sustained demand
-// is at least 1.5 times an even part of the rate (a fleet of 4 on a key of
-// 1 000/s: 375/s), whether its own lease call was refused or not; below
-// that, stock serves the fleet's uneven demand (flow taken at any demand
-// above Rate/32 kept a utilization fleet at 0.25–0.50 of the bound). A
-// holder whose demand falls below an even part gives its flow back at
-// the next renewal. Each grant asks for an even part of Burst (250). A
-// fleet larger than the grants a bucket keeps (16) holds no flow.
+// is at least an even part of the rate (a fleet of 4 on a key of
+// 1 000/s: 250/s), whether its own lease call was refused or not: at once
+// from 3 even parts, else once the bucket has stayed dry for
+// stockFlowDryFor (flow taken at an even part on the first dry answer
+// split the burst of keys below their limit). Below an even part, stock
+// serves the fleet's uneven demand. A holder whose demand falls below
+// three quarters of an even part gives its flow back at the next renewal.
+// Each grant asks for an even part of Burst (250). A fleet larger than
+// the grants a bucket keeps (32 under stock) holds no flow.
 func TestStockAsksForFlowAtTheLimit(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		level  int64   // the last answer's
 		mean   float32 // tokens a second
-		refuse bool    // the key's lease call was refused, others holding flow
+		dryFor time.Duration
+		refuse bool // the key's lease call was refused, others holding flow
 		asks   bool
 	}{
-		{"below the limit", 100, 1000, false, false},
-		{"at the limit, under an even part", 0, 200, false, false},
-		{"at the limit, an even part", 0, 250, false, true},
-		{"at the limit, 1.5 even parts", 0, 375, false, true},
-		{"refused, under an even part", 0, 200, true, false},
-		{"refused, an even part", 0, 250, true, true},
+		{"below the limit", 100, 1000, time.Second, false, false},
+		{"at the limit, under an even part", 0, 200, time.Second, false, false},
+		{"at the limit a moment, an even part", 0, 250, 0, false, false},
+		{"at the limit a moment, 1.5 even parts", 0, 375, stockFlowDryFor / 2, false, false},
+		{"at the limit a moment, 3 even parts", 0, 750, 0, false, true},
+		{"at the limit for a while, an even part", 0, 250, stockFlowDryFor, false, true},
+		{"at the limit for a while, 1.5 even parts", 0, 375, time.Second, false, true},
+		{"refused, under an even part", 0, 200, 0, true, false},
+		{"refused, an even part", 0, 250, 0, true, true},
 		// Past the 32 grants a bucket keeps under stock records, flow
 		// would leave most of the fleet on stock a token a lease.
-		{"a fleet of 40, 1.5 even parts", 0, 40, false, false},
-		{"a fleet of 40, refused", 0, 40, true, false},
+		{"a fleet of 40, 1.5 even parts", 0, 40, time.Second, false, false},
+		{"a fleet of 40, refused", 0, 40, 0, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newFakeWorld()
@@ -252,11 +258,17 @@ func TestStockAsksForFlowAtTheLimit(t *testing.T) {
 			e.demand.mean = tc.mean
 			e.mu.Unlock()
 			e.answer.level.Store(tc.level)
-			p, now := l.policy.load(), l.cfg.now()
+			p := l.policy.load()
 			if tc.refuse {
-				l.grants.refused(e, p, 1, now)
+				l.grants.refused(e, p, 1, l.cfg.now())
 			} else {
-				l.grants.consider(e, p, float64(tc.mean), now)
+				// The store's answers say the same for dryFor: the first
+				// lease call, then the one this decision makes.
+				l.grants.consider(e, p, float64(tc.mean), l.cfg.now())
+				if tc.dryFor > 0 {
+					w.clk.Advance(tc.dryFor)
+					l.grants.consider(e, p, float64(tc.mean), l.cfg.now())
+				}
 				l.grants.leased(e) // it asks once the lease call under way lands
 			}
 			eventually(t, "the grant call to end", func() bool { return !e.extra().grant.asking.Load() })
@@ -272,6 +284,7 @@ func TestStockAsksForFlowAtTheLimit(t *testing.T) {
 			e.mu.Lock()
 			e.demand.mean = 150
 			e.mu.Unlock()
+			now := l.cfg.now()
 			l.grants.consider(e, p, 150, now)
 			l.grants.ask(e)
 			require.Nil(t, e.held(), "the flow was not given back")
@@ -331,7 +344,7 @@ func TestFlowAskRidesTheLeaseCall(t *testing.T) {
 	e := l.keys.load("k")
 	e.lease.Drain()
 	e.mu.Lock()
-	e.demand.mean = 400 // over an even part (250/s)
+	e.demand.mean = 800 // over 3 even parts (250/s): flow on the first dry answer
 	e.mu.Unlock()
 	e.answer.level.Store(0)
 	// The clock stands still: only the lease call can start the ask.
