@@ -193,19 +193,8 @@ func (c *capacity) consider(e *account, p *policyState, rate float64, now mono) 
 			g.hotFrom.Store(0)
 			return
 		}
-		// Far over an even part, flow is asked as soon as the bucket
-		// comes back dry; from an even part, once it has stayed dry for
-		// stockFlowDryFor. A process's demand estimate swings past an
-		// even part below a key's limit, and flow taken then splits the
-		// bucket's burst into grants' (see stockFlowAtOnce).
-		dry := e.answer.seen() && e.answer.level.Load() <= 0
-		switch {
-		case !dry:
-			g.drySince.Store(0)
-		case g.drySince.Load() == 0:
-			g.drySince.Store(now + 1)
-		}
-		over := mean >= stockFlowAtOnce*even || mean >= stockFlowOver*even && now.sub(g.drySince.Load()-1) >= stockFlowDryFor
+		dry, dryFor := g.dryFor(e, now)
+		over := mean >= stockFlowAtOnce*even || mean >= stockFlowOver*even && dryFor >= stockFlowDryFor
 		if e.held() == nil && dry && over {
 			if g.hotFrom.Load() == 0 {
 				g.hotFrom.Store(now + 1)
@@ -236,6 +225,23 @@ func (c *capacity) consider(e *account, p *policyState, rate float64, now mono) 
 	if (contended || now.sub(from-1) >= grantDemandFor) && e.held() == nil {
 		c.askIfDue(e, g, now)
 	}
+}
+
+// dryFor reports whether e's last store answer found the bucket dry,
+// and for how long the answers have: far over an even part, flow is
+// asked as soon as the bucket comes back dry; from an even part, once it
+// has stayed dry for stockFlowDryFor. A process's demand estimate swings
+// past an even part below a key's limit, and flow taken then splits the
+// bucket's burst into grants' (see stockFlowAtOnce).
+func (g *grantState) dryFor(e *account, now mono) (dry bool, d time.Duration) {
+	if !e.answer.seen() || e.answer.level.Load() > 0 {
+		g.drySince.Store(0)
+		return false, 0
+	}
+	if g.drySince.Load() == 0 {
+		g.drySince.Store(now + 1)
+	}
+	return true, now.sub(g.drySince.Load() - 1)
 }
 
 // resume asks again for the flow a key held or asked for before an

@@ -13,20 +13,13 @@ import (
 // the run (0 admitted in 8 s), while the others admitted 800 of 1 000 a
 // second.
 func TestLatecomerGetsItsShare(t *testing.T) {
-	s, err := parseScenario("latecomer.json", []byte(`{
+	rec := runInline(t, "latecomer.json", `{
   "name": "latecomer", "duration_s": 20, "seed": 11, "processes": 4,
   "policy": {"name": "api", "rate": 1000, "period_ms": 1000, "burst": 200},
   "latency_ms": {"base": 0.3, "jitter": 0.4},
   "traffic": [{"rate_per_s": 500, "pattern": "poisson"}],
   "events": [{"kind": "join", "at_s": 10, "count": 1}]
-}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := run(s, s.Seed, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+}`)
 	for sec := 10; sec < 20; sec++ {
 		row := rec.perSecond[sec]
 		t.Logf("second %d: %v", sec, row)
@@ -60,19 +53,12 @@ func TestLatecomerGetsItsShare(t *testing.T) {
 // (hybrid's stockFlowDryFor), these processes at exactly an even part
 // mostly lease stock: 1 868–2 047 a second, 11 590 of 12 000 in all.
 func TestStockServesWhatFlowLeaves(t *testing.T) {
-	s, err := parseScenario("flow-below-demand.json", []byte(`{
+	rec := runInline(t, "flow-below-demand.json", `{
   "name": "flow-below-demand", "duration_s": 10, "seed": 3, "processes": 2,
   "policy": {"name": "api", "rate": 2000, "period_ms": 1000, "burst": 200},
   "latency_ms": {"base": 0.3, "jitter": 0.4},
   "traffic": [{"rate_per_s": 1000, "pattern": "poisson"}]
-}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := run(s, s.Seed, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+}`)
 	t.Logf("admitted a second, by process: %v", rec.perSecond)
 	var total int64
 	for sec := 4; sec < 10; sec++ {
@@ -90,4 +76,19 @@ func TestStockServesWhatFlowLeaves(t *testing.T) {
 	if total < 6*1900 {
 		t.Errorf("seconds 4–9: the fleet admitted %d of the limit's 12 000", total)
 	}
+}
+
+// runInline runs the scenario of JSON text src, named name, on its own
+// seed.
+func runInline(t *testing.T, name, src string) *recorder {
+	t.Helper()
+	s, err := parseScenario(name, []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := run(s, s.Seed, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
 }
